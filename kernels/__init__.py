@@ -1,0 +1,1 @@
+"""Triton kernels of qedprobe (installed as ``qedprobe.kernels``), one folder per op."""

@@ -1,0 +1,162 @@
+"""Argument checking shared by every QED op (``qed_naive``, ``qed_chunk``, ``qed_recurrent``).
+
+One function, :func:`check_qed_inputs`, validates shapes, dtypes, devices and options and
+returns a :class:`QEDProblem` with the sizes every op needs. Every failure is a
+``ValueError`` that names the argument and what was expected; nothing is coerced.
+
+Value checks (finite inputs, ``g <= 0``) need a device synchronisation, so they run only
+inside :func:`value_checks`::
+
+    with qedprobe.ops.value_checks():
+        qed_chunk(...)   # raises ValueError on NaN/Inf inputs or positive log-decay
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+
+import torch
+
+ARMS = ("gdn2", "nogate_noproj", "nogate", "full", "rand", "noproj")
+"""The six arms. ``a_t = b_t*k_t + lam * d_t`` with ``d_t`` per arm (see ``arms.py``)."""
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_VALUE_CHECKS = contextvars.ContextVar("qedprobe_value_checks", default=False)
+
+
+@contextlib.contextmanager
+def value_checks(enabled: bool = True):
+    """Inside this block every QED op also checks values: all inputs finite, ``g <= 0``."""
+    token = _VALUE_CHECKS.set(enabled)
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS.reset(token)
+
+
+@dataclass(frozen=True)
+class QEDProblem:
+    """Sizes and options of one validated call.
+
+    ``N`` is the number of sequences: ``B`` without ``cu_seqlens``, ``len(cu_seqlens) - 1``
+    with it. ``seq_bounds`` lists ``(batch_row, bos, eos)`` for each of the N sequences.
+    ``compute_dtype`` is float64 when the inputs are float64, else float32 (the state dtype).
+    """
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int
+    scale: float
+    lam_per_token: bool
+    compute_dtype: torch.dtype
+    seq_bounds: tuple
+
+
+def _shape(name: str, x, expected: tuple, op: str, dims: str):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{op}: `{name}` must be a torch.Tensor of shape {dims}, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{op}: `{name}` must have shape {dims} = {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def _float(name: str, x: torch.Tensor, op: str):
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(
+            f"{op}: `{name}` must be float16, bfloat16, float32 or float64, got {x.dtype}"
+        )
+
+
+def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state, cu_seqlens) -> QEDProblem:
+    """Validate one call of a QED op; see the op's docstring for the meaning of each argument."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"{op}: `q` must be a 4-D tensor [B, T, H, K], got {got}")
+    B, T, H, K = q.shape
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ValueError(f"{op}: `v` must be a 4-D tensor [B, T, H, V], got {got}")
+    V = v.shape[-1]
+    if T == 0 or K == 0 or V == 0 or H == 0 or B == 0:
+        raise ValueError(f"{op}: empty input, q has shape {tuple(q.shape)} and v {tuple(v.shape)}")
+    _shape("k", k, (B, T, H, K), op, "[B, T, H, K]")
+    _shape("v", v, (B, T, H, V), op, "[B, T, H, V]")
+    _shape("g", g, (B, T, H, K), op, "[B, T, H, K]")
+    _shape("b", b, (B, T, H, K), op, "[B, T, H, K]")
+    _shape("w", w, (B, T, H, V), op, "[B, T, H, V]")
+    if not isinstance(lam, torch.Tensor) or tuple(lam.shape) not in ((H,), (B, T, H)):
+        got = tuple(lam.shape) if isinstance(lam, torch.Tensor) else type(lam).__name__
+        raise ValueError(f"{op}: `lam` must be a tensor of shape [H] = ({H},) or [B, T, H] = {(B, T, H)}, got {got}")
+    tensors = {"q": q, "k": k, "v": v, "g": g, "b": b, "w": w, "lam": lam}
+
+    if arm not in ARMS:
+        raise ValueError(f"{op}: `arm` must be one of {ARMS}, got {arm!r}")
+    if arm == "rand":
+        if z is None:
+            raise ValueError(f"{op}: arm='rand' needs `z`, one unit vector per head, shape [H, K] = {(H, K)}")
+        _shape("z", z, (H, K), op, "[H, K]")
+        tensors["z"] = z
+    elif z is not None:
+        raise ValueError(f"{op}: `z` is only used by arm='rand', got arm={arm!r}; pass z=None")
+    if d is not None:
+        _shape("d", d, (B, T, H, K), op, "[B, T, H, K]")
+        tensors["d"] = d
+
+    for name, x in tensors.items():
+        _float(name, x, op)
+    wide = [n for n, x in tensors.items() if x.dtype == torch.float64]
+    if wide and len(wide) != len(tensors):
+        narrow = sorted(set(tensors) - set(wide))
+        raise ValueError(f"{op}: float64 inputs {wide} cannot be mixed with lower precision {narrow}")
+    compute_dtype = torch.float64 if wide else torch.float32
+    device = q.device
+    for name, x in tensors.items():
+        if x.device != device:
+            raise ValueError(f"{op}: `{name}` is on {x.device} but `q` is on {device}")
+
+    if cu_seqlens is None:
+        N = B
+        seq_bounds = tuple((n, 0, T) for n in range(B))
+    else:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"{op}: `cu_seqlens` must be a 1-D integer tensor [N + 1] of sequence offsets")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{op}: `cu_seqlens` must be int32 or int64, got {cu_seqlens.dtype}")
+        if B != 1:
+            raise ValueError(f"{op}: with `cu_seqlens` the batch size must be 1 (packed sequences), got B={B}")
+        offsets = cu_seqlens.tolist()
+        if offsets[0] != 0 or offsets[-1] != T or any(b2 <= b1 for b1, b2 in zip(offsets, offsets[1:])):
+            raise ValueError(
+                f"{op}: `cu_seqlens` must rise strictly from 0 to T={T}, got {offsets}"
+            )
+        N = len(offsets) - 1
+        seq_bounds = tuple((0, offsets[n], offsets[n + 1]) for n in range(N))
+
+    if initial_state is not None:
+        _shape("initial_state", initial_state, (N, H, K, V), op, "[N, H, K, V]")
+        if initial_state.dtype != compute_dtype:
+            raise ValueError(f"{op}: `initial_state` must be {compute_dtype} (the state dtype), got {initial_state.dtype}")
+        if initial_state.device != device:
+            raise ValueError(f"{op}: `initial_state` is on {initial_state.device} but `q` is on {device}")
+
+    if scale is None:
+        scale = K ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < float(scale) < float("inf")):
+        raise ValueError(f"{op}: `scale` must be a positive finite float or None (= K ** -0.5), got {scale!r}")
+
+    if _VALUE_CHECKS.get():
+        checked = dict(tensors)
+        if initial_state is not None:
+            checked["initial_state"] = initial_state
+        for name, x in checked.items():
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{op}: `{name}` contains NaN or Inf")
+        if bool((g > 0).any()):
+            raise ValueError(f"{op}: `g` is a natural-log decay and must be <= 0, got max {g.max().item():.4g}")
+
+    return QEDProblem(B=B, T=T, H=H, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
+                      compute_dtype=compute_dtype, seq_bounds=seq_bounds)

@@ -1,0 +1,113 @@
+r"""Plain PyTorch reference of the QED recurrence: the oracle for every kernel.
+
+Per sequence, head and token (state ``S`` is ``K x V``, float32 or float64)::
+
+    q_hat, k_hat = q / ||q||, k / ||k||            (when use_qk_l2norm)
+    S_bar_t = Diag(exp g_t) S_{t-1}                 (decay first)
+    a_t     = b_t * k_hat_t + lam_t d_t             (d_t: the arm's direction, see arms.py)
+    r_t     = w_t * v_t - S_bar_t^T a_t             (residual)
+    S_t     = S_bar_t + k_hat_t r_t^T               (rank-one write along k_hat_t)
+    o_t     = S_t^T (scale * q_hat_t)
+
+Probes, per token and head: ``rho_t = q_hat_t . k_hat_t``, ``d_t``,
+``Sd_t = S_bar_t^T d_t`` and the erase eigenvalue ``e_t = 1 - a_t . k_hat_t``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .arms import erase_direction, erase_vector
+from .inputs import check_qed_inputs
+
+L2NORM_EPS = 1e-6
+"""As fla's l2norm: ``x / sqrt(sum x^2 + eps)``."""
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + 1e-6)`` along the last axis, exactly as fla's ``l2norm``."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, problem):
+    """Normalised ``q, k``, per-token ``lam`` ``[B, T, H]``, direction ``d`` and erase vector ``a``.
+
+    All in ``problem.compute_dtype``; shared by the reference and the PyTorch fallback path.
+    """
+    ct = problem.compute_dtype
+    q, k, b = q.to(ct), k.to(ct), b.to(ct)
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    lam = lam.to(ct)
+    if lam.dim() == 1:
+        lam = lam.expand(problem.B, problem.T, problem.H)
+    d = erase_direction(q, k, b, arm, z) if d is None else d.to(ct)
+    return q, k, lam, d, erase_vector(k, b, lam, d)
+
+
+def _scan(q, k, wv, g, a, d, scale, state, want_sd):
+    """Token loop over ``[B, T, H, *]`` tensors from ``state`` ``[B, H, K, V]``."""
+    outs, sds = [], []
+    for t in range(q.shape[1]):
+        s_bar = state * g[:, t].exp().unsqueeze(-1)
+        if want_sd:
+            sds.append(torch.einsum("bhkv,bhk->bhv", s_bar, d[:, t]))
+        r = wv[:, t] - torch.einsum("bhkv,bhk->bhv", s_bar, a[:, t])
+        state = s_bar + k[:, t].unsqueeze(-1) * r.unsqueeze(-2)
+        outs.append(torch.einsum("bhkv,bhk->bhv", state, q[:, t] * scale))
+    sd = torch.stack(sds, 1) if want_sd else None
+    return torch.stack(outs, 1), state, sd
+
+
+def qed_naive(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
+              output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
+    """Token-by-token QED forward (differentiable; the oracle for the kernels).
+
+    Args:
+        q, k: ``[B, T, H, K]`` queries and keys (L2-normalised here when ``use_qk_l2norm``).
+        v: ``[B, T, H, V]`` values.
+        g: ``[B, T, H, K]`` natural-log decay, ``<= 0``.
+        b: ``[B, T, H, K]`` erase gate; w: ``[B, T, H, V]`` write gate.
+        lam: ``[H]`` per-head or ``[B, T, H]`` per-token strength.
+        arm: one of ``gdn2, nogate_noproj, nogate, full, rand, noproj``.
+        z: ``[H, K]`` unit vectors, required for (and only for) ``arm="rand"``.
+        d: optional ``[B, T, H, K]`` direction that replaces the arm's (used as given).
+        scale: output scale, default ``K ** -0.5``.
+        initial_state: ``[N, H, K, V]`` (N = B, or the number of packed sequences).
+        output_final_state: return the final ``[N, H, K, V]`` state.
+        return_probes: return ``{"rho": [B,T,H], "d": [B,T,H,K], "Sd": [B,T,H,V], "e": [B,T,H]}``.
+        cu_seqlens: ``[N + 1]`` offsets of packed sequences (requires ``B == 1``).
+
+    Returns:
+        ``(o, final_state, probes)``: ``o`` ``[B, T, H, V]`` in ``v``'s dtype; state and probes
+        in float32 (float64 for float64 inputs); ``None`` for what was not asked.
+    """
+    P = check_qed_inputs("qed_naive", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
+                         initial_state=initial_state, cu_seqlens=cu_seqlens)
+    ct = P.compute_dtype
+    q, k, lam, d, a = prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, P)
+    wv, g_ = w.to(ct) * v.to(ct), g.to(ct)
+    outs, states, sds = [], [], []
+    for n, (row, bos, eos) in enumerate(P.seq_bounds):
+        span = slice(bos, eos)
+        if initial_state is None:
+            s0 = torch.zeros(1, P.H, P.K, P.V, dtype=ct, device=q.device)
+        else:
+            s0 = initial_state[n:n + 1]
+        pick = lambda x: x[row:row + 1, span]  # noqa: E731
+        o_n, s_n, sd_n = _scan(pick(q), pick(k), pick(wv), pick(g_), pick(a), pick(d),
+                               P.scale, s0, return_probes)
+        outs.append(o_n)
+        states.append(s_n)
+        sds.append(sd_n)
+    axis = 1 if cu_seqlens is not None else 0
+    o = torch.cat(outs, axis).to(v.dtype)
+    final_state = torch.cat(states, 0) if output_final_state else None
+    probes = None
+    if return_probes:
+        probes = {
+            "rho": (q * k).sum(-1),
+            "d": d,
+            "Sd": torch.cat(sds, axis),
+            "e": 1 - (a * k).sum(-1),
+        }
+    return o, final_state, probes

@@ -1,0 +1,2 @@
+"""qedprobe: look inside QED linear-attention models and intervene on them."""
+__version__ = "0.1.0"
