@@ -110,8 +110,9 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
         _float(name, x, op)
     wide = [n for n, x in tensors.items() if x.dtype == torch.float64]
     if wide and len(wide) != len(tensors):
-        narrow = sorted(set(tensors) - set(wide))
-        raise ValueError(f"{op}: float64 inputs {wide} cannot be mixed with lower precision {narrow}")
+        name = next(n for n, x in tensors.items() if x.dtype != torch.float64)
+        raise ValueError(f"{op}: `{name}` is {tensors[name].dtype} but {wide} are float64; "
+                         "float64 inputs cannot be mixed with lower precision")
     compute_dtype = torch.float64 if wide else torch.float32
     device = q.device
     for name, x in tensors.items():
