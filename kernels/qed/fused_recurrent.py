@@ -1,0 +1,172 @@
+r"""Token-by-token Triton kernel of the QED recurrence (decode, short sequences, probes).
+
+Per sequence, head and token (state ``S`` is ``K x V``, float32; float64 for float64 inputs)::
+
+    q_hat, k_hat = q / ||q||, k / ||k||            (when use_qk_l2norm)
+    S_bar_t = Diag(exp g_t) S_{t-1}                 (decay first)
+    a_t     = b_t * k_hat_t + lam_t d_t             (d_t: the arm's direction, see arms.py)
+    r_t     = w_t * v_t - S_bar_t^T a_t             (residual)
+    S_t     = S_bar_t + k_hat_t r_t^T               (rank-one write along k_hat_t)
+    o_t     = S_t^T (scale * q_hat_t)
+
+Shapes: ``q, k, g, b`` ``[B, T, H, K]``; ``v, w`` ``[B, T, H, V]``; ``lam`` ``[H]`` or
+``[B, T, H]``; states ``[N, H, K, V]``; ``K, V <= 256``. Probes (only when asked):
+``rho = q_hat . k_hat`` ``[B, T, H]``, ``d`` ``[B, T, H, K]``, ``Sd = S_bar^T d``
+``[B, T, H, V]``, ``e = 1 - a . k_hat`` ``[B, T, H]``.
+
+One program holds the full key axis and a ``BV``-wide slice of the value axis of one
+(sequence, head) state in registers and walks its tokens; grid ``(N * H, cdiv(V, BV))``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .inputs import ARMS, check_qed_inputs
+
+MAX_HEAD_DIM = 256
+
+
+@triton.jit(do_not_specialize=["T"])
+def qed_recurrent_kernel(
+    q, k, v, g, b, w, lam, z, d, o, h0, ht, cu_seqlens,
+    rho_out, d_out, sd_out, e_out,
+    T,
+    scale: tl.constexpr,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    ARM: tl.constexpr,
+    HAS_D: tl.constexpr,
+    LAM_PER_TOKEN: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    STORE_PROBES: tl.constexpr,
+    DT: tl.constexpr,
+):
+    i_nh = tl.program_id(0).to(tl.int64)
+    i_v = tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_k[:, None] & mask_v[None, :]
+    p_h = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=DT)
+    if USE_INITIAL_STATE:
+        b_h += tl.load(h0 + p_h, mask=mask_h, other=0).to(DT)
+    if ARM == 4:  # rand: z_h is fixed per head
+        b_z = tl.load(z + i_h * K + o_k, mask=mask_k, other=0).to(DT)
+    if not LAM_PER_TOKEN:
+        b_lam = tl.load(lam + i_h).to(DT)
+
+    t = bos
+    while t < eos:  # a while loop: the interpreter cannot range() over program-id tensors
+        i_tk = (t * H + i_h) * K + o_k
+        i_tv = (t * H + i_h) * V + o_v
+        b_q = tl.load(q + i_tk, mask=mask_k, other=0).to(DT)
+        b_k = tl.load(k + i_tk, mask=mask_k, other=0).to(DT)
+        b_b = tl.load(b + i_tk, mask=mask_k, other=0).to(DT)
+        b_g = tl.load(g + i_tk, mask=mask_k, other=0).to(DT)
+        b_wv = (tl.load(w + i_tv, mask=mask_v, other=0).to(DT)
+                * tl.load(v + i_tv, mask=mask_v, other=0).to(DT))
+        if LAM_PER_TOKEN:
+            b_lam = tl.load(lam + t * H + i_h).to(DT)
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+
+        # The erase direction d_t (ARMS order: gdn2, nogate_noproj, nogate, full, rand, noproj).
+        if HAS_D:
+            b_d = tl.load(d + i_tk, mask=mask_k, other=0).to(DT)
+        elif ARM == 0:
+            b_d = tl.zeros([BK], dtype=DT)
+        elif ARM == 1:
+            b_d = b_q
+        elif ARM == 2:
+            b_d = b_q - b_k * tl.sum(b_k * b_q)
+        elif ARM == 3:
+            b_d = b_b * b_q - b_k * tl.sum(b_k * b_b * b_q)
+        elif ARM == 4:
+            b_d = b_b * b_z - b_k * tl.sum(b_k * b_b * b_z)
+        else:
+            b_d = b_b * b_q
+        b_a = b_b * b_k + b_lam * b_d
+
+        b_h *= tl.exp(b_g)[:, None]
+        # o_t = S_t^T q = S_bar^T q + (k.q) r_t: both reads of S_bar are independent.
+        b_sq = b_q * scale
+        b_r = b_wv - tl.sum(b_h * b_a[:, None], 0)
+        b_o = tl.sum(b_h * b_sq[:, None], 0) + tl.sum(b_k * b_sq) * b_r
+        if STORE_PROBES:
+            tl.store(sd_out + i_tv, tl.sum(b_h * b_d[:, None], 0).to(sd_out.dtype.element_ty), mask=mask_v)
+            if i_v == 0:
+                tl.store(rho_out + t * H + i_h, tl.sum(b_q * b_k).to(rho_out.dtype.element_ty))
+                tl.store(e_out + t * H + i_h, (1 - tl.sum(b_a * b_k)).to(e_out.dtype.element_ty))
+                tl.store(d_out + i_tk, b_d.to(d_out.dtype.element_ty), mask=mask_k)
+        b_h += b_k[:, None] * b_r[None, :]
+        tl.store(o + i_tv, b_o.to(o.dtype.element_ty), mask=mask_v)
+        t += 1
+
+    if STORE_FINAL_STATE:
+        tl.store(ht + p_h, b_h.to(ht.dtype.element_ty), mask=mask_h)
+
+
+def _block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(BV, num_warps)``: the value-slice width each program holds, and its warps."""
+    BV = min(triton.next_power_of_2(V), 32 if dtype == torch.float32 else 16)
+    return BV, 4 if triton.next_power_of_2(K) * BV <= 4096 else 8
+
+
+def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
+                  output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
+    """Token-by-token QED forward in one Triton launch (forward only, no gradients).
+
+    Arguments, returns, dtypes and probes exactly as :func:`qedprobe.kernels.qed.naive.qed_naive`;
+    ``K`` and ``V`` at most 256. Non-contiguous inputs are copied to contiguous ones first.
+    """
+    P = check_qed_inputs("qed_recurrent", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
+                         initial_state=initial_state, cu_seqlens=cu_seqlens)
+    B, T, H, K, V, ct = P.B, P.T, P.H, P.K, P.V, P.compute_dtype
+    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
+        raise ValueError(f"qed_recurrent: K and V must be at most {MAX_HEAD_DIM}, got K={K}, V={V}")
+    q, k, v, g, b, w, lam = (x.contiguous() for x in (q, k, v, g, b, w, lam))
+    o = torch.empty_like(v)
+    final_state = q.new_empty(P.N, H, K, V, dtype=ct) if output_final_state else None
+    probes = None
+    if return_probes:
+        probes = {"rho": q.new_empty(B, T, H, dtype=ct), "d": q.new_empty(B, T, H, K, dtype=ct),
+                  "Sd": q.new_empty(B, T, H, V, dtype=ct), "e": q.new_empty(B, T, H, dtype=ct)}
+    BV, num_warps = _block_config(K, V, ct)
+    qed_recurrent_kernel[(P.N * H, triton.cdiv(V, BV))](
+        q, k, v, g, b, w, lam,
+        None if z is None else z.contiguous(),
+        None if d is None else d.contiguous(),
+        o,
+        None if initial_state is None else initial_state.contiguous(),
+        final_state,
+        None if cu_seqlens is None else cu_seqlens.to(q.device),
+        *((None,) * 4 if probes is None else (probes["rho"], probes["d"], probes["Sd"], probes["e"])),
+        T,
+        scale=P.scale, H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV,
+        ARM=ARMS.index(arm), HAS_D=d is not None, LAM_PER_TOKEN=P.lam_per_token,
+        USE_QK_L2NORM=use_qk_l2norm, USE_INITIAL_STATE=initial_state is not None,
+        STORE_FINAL_STATE=output_final_state, IS_VARLEN=cu_seqlens is not None,
+        STORE_PROBES=return_probes, DT=tl.float64 if ct == torch.float64 else tl.float32,
+        num_warps=num_warps,
+    )
+    return o, final_state, probes
