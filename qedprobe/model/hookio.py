@@ -1,0 +1,34 @@
+"""Running a tensor through a hook point: writable inputs and read-only observations.
+
+* :func:`through`: the hook's return value replaces the tensor; its shape must be one of the
+  allowed shapes (named in the error).
+* :func:`observe`: the hook may look but not change; returning a different tensor is an error.
+"""
+from __future__ import annotations
+
+import torch
+from transformer_lens.hook_points import HookPoint
+
+
+def through(hook: HookPoint, x: torch.Tensor, *shapes: tuple) -> torch.Tensor:
+    """``hook(x)``, checked to be a tensor of one of ``shapes`` (default: ``x``'s shape)."""
+    out = hook(x)
+    allowed = [tuple(s) for s in shapes] or [tuple(x.shape)]
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) not in allowed:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"hook `{hook.name}` must return a tensor of shape "
+                         f"{' or '.join(map(str, allowed))}, got {got}")
+    return out
+
+
+def observe(hook: HookPoint, x: torch.Tensor) -> None:
+    """Run ``hook`` on ``x`` as a read-only observation."""
+    out = hook(x)
+    if out is x:
+        return
+    if not (isinstance(out, torch.Tensor) and out.shape == x.shape and out.device == x.device
+            and torch.equal(out, x)):
+        raise ValueError(
+            f"hook `{hook.name}` is read-only (an observation of the recurrence): it must return "
+            "None or the tensor unchanged. To intervene, hook an input of the recurrence "
+            "(hook_q, hook_k, hook_v, hook_b, hook_w, hook_g, hook_lambda or hook_d).")

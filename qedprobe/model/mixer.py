@@ -1,0 +1,154 @@
+r"""The QED token mixer: fla's ``GatedDeltaNet2`` layer plus the QED erase direction.
+
+Per token (``H`` heads, key dim ``K``, value dim ``V``; ``x`` is the normed residual)::
+
+    q, k, v = silu(conv(W_q x)), silu(conv(W_k x)), silu(conv(W_v x))   hook_q/k/v
+    b       = sigmoid(W_b x)                  erase gate  [B,T,H,K]      hook_b
+    w       = sigmoid(W_w x)                  write gate  [B,T,H,V]      hook_w
+    g       = -exp(A_log_h) * softplus(F2 F1 x + dt_bias)   log-decay [B,T,H,K]  hook_g
+    lambda  = s * lambda_max * sigmoid(theta) [H] (0 for arm gdn2; s from ``strength``)  hook_lambda
+    d       = the arm's direction from q_hat, k_hat, b (z for arm rand)  [B,T,H,K]  hook_d
+    o       = QED recurrence (qedprobe.ops.qed_attention, q and k L2-normalised inside)  hook_o
+    out     = W_o( rms_norm(o) * sigmoid(G2 G1 x) )                      per head over V
+
+``hook_q`` and ``hook_k`` show q, k *before* the L2 normalisation the op applies. Inputs of the
+recurrence (q, k, v, b, w, g, lambda, d) are writable: a hook's return value is what the op
+uses. ``hook_d`` is computed here (and passed as the op's ``d``) only when it has hooks.
+``hook_rho`` ``[B,T,H]``, ``hook_Sd`` ``[B,T,H,V]`` and ``hook_e`` ``[B,T,H]`` are read-only
+probes of the op, requested only when one of them has hooks.
+
+Parameter names are fla's (``q_proj``, ``q_conv1d``, ``f_proj.0/1``, ``b_proj``, ``w_proj``,
+``A_log``, ``dt_bias``, ``g_proj.0/1``, ``o_norm``, ``o_proj``) plus ``theta`` ``[H]`` (not for
+arm gdn2) and the persistent buffer ``z`` ``[H, K]`` (arm rand only).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from qedprobe.kernels.qed import erase_direction, l2_normalize
+from qedprobe.lam import init_theta, lambda_from_theta, random_directions
+from qedprobe.ops import qed_attention
+
+from .config import QEDConfig
+from .conv import ShortConvolution
+from .hookio import observe, through
+from .norm import RMSNorm
+
+WRITABLE = ("q", "k", "v", "b", "w", "g", "lambda", "d", "o")
+READ_ONLY = ("rho", "Sd", "e")
+
+
+class MixerState(NamedTuple):
+    """Carried state of one mixer: ``recurrent`` ``[N, H, K, V]`` (float32) and the q/k/v
+    convolution caches, each ``[N, D, conv_size - 1]``."""
+
+    recurrent: torch.Tensor
+    conv: tuple
+
+
+def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter) -> None:
+    """fla's decay initialisation: ``exp(A_log) ~ U(1, 16)``; ``softplus(dt_bias) = dt`` with
+    ``dt`` log-uniform in ``[1e-3, 1e-1]`` (at least 1e-4)."""
+    with torch.no_grad():
+        A_log.copy_(torch.empty_like(A_log).uniform_(1, 16).log())
+        log_dt = torch.empty_like(dt_bias).uniform_(math.log(1e-3), math.log(1e-1))
+        dt = log_dt.exp().clamp(min=1e-4)
+        dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
+
+
+class QEDMixer(nn.Module):
+    """``[B, T, hidden] -> [B, T, hidden]`` QED token mixer of layer ``layer_idx``."""
+
+    def __init__(self, cfg: QEDConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        H, K, V, D = cfg.num_heads, cfg.head_dim, cfg.head_v_dim, cfg.hidden_size
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.q_conv1d = ShortConvolution(H * K, cfg.conv_size, cfg.conv_bias)
+        self.k_conv1d = ShortConvolution(H * K, cfg.conv_size, cfg.conv_bias)
+        self.v_conv1d = ShortConvolution(H * V, cfg.conv_size, cfg.conv_bias)
+        self.f_proj = nn.Sequential(nn.Linear(D, V, bias=False), nn.Linear(V, H * K, bias=False))
+        self.b_proj = nn.Linear(D, H * K, bias=False)
+        self.w_proj = nn.Linear(D, H * V, bias=False)
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.dt_bias = nn.Parameter(torch.empty(H * K))
+        init_decay_(self.A_log, self.dt_bias)
+        self.g_proj = nn.Sequential(nn.Linear(D, V, bias=False), nn.Linear(V, H * V, bias=True))
+        self.o_norm = RMSNorm(V, cfg.norm_eps)
+        self.o_proj = nn.Linear(H * V, D, bias=False)
+        if cfg.arm == "gdn2":
+            self.register_parameter("theta", None)
+        else:
+            self.theta = nn.Parameter(init_theta(H))
+        if cfg.arm == "rand":
+            self.register_buffer("z", random_directions(H, K, cfg.rand_seed + layer_idx), persistent=True)
+        else:
+            self.z = None
+        for name in WRITABLE + READ_ONLY:
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def _heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        return x.unflatten(-1, (self.cfg.num_heads, dim))
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """``g = -exp(A_log_h) * softplus(f_proj(x) + dt_bias)``, float32 ``[B, T, H, K]``."""
+        g = F.softplus(self.f_proj(x).float() + self.dt_bias.float())
+        return -self.A_log.float().exp().unsqueeze(-1) * self._heads(g, self.cfg.head_dim)
+
+    def lam(self, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``scale * lambda_max * sigmoid(theta)``, float32 ``[H]`` (zeros for arm gdn2)."""
+        if self.theta is None:
+            lam = torch.zeros(self.cfg.num_heads, device=self.A_log.device)
+        else:
+            lam = lambda_from_theta(self.theta.float(), self.cfg.lambda_max)
+        return lam if scale is None else lam * scale.to(lam)
+
+    def forward(self, x: torch.Tensor, *, lam_scale: torch.Tensor | None = None,
+                state: MixerState | None = None, cu_seqlens: torch.Tensor | None = None,
+                want_state: bool = False):
+        """``x`` ``[B, T, hidden]`` -> ``(out [B, T, hidden], MixerState or None)``.
+
+        ``lam_scale`` ``[H]`` multiplies lambda; ``state`` continues N sequences (N = B, or
+        ``len(cu_seqlens) - 1`` for packed input with B = 1).
+        """
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, K, V = cfg.num_heads, cfg.head_dim, cfg.head_v_dim
+        conv_in = state.conv if state is not None else (None, None, None)
+        q, cq = self.q_conv1d(self.q_proj(x), conv_in[0], cu_seqlens)
+        k, ck = self.k_conv1d(self.k_proj(x), conv_in[1], cu_seqlens)
+        v, cv = self.v_conv1d(self.v_proj(x), conv_in[2], cu_seqlens)
+        q = through(self.hook_q, self._heads(q, K))
+        k = through(self.hook_k, self._heads(k, K))
+        v = through(self.hook_v, self._heads(v, V))
+        b = through(self.hook_b, self._heads(self.b_proj(x).sigmoid(), K))
+        w = through(self.hook_w, self._heads(self.w_proj(x).sigmoid(), V))
+        g = through(self.hook_g, self.log_decay(x))
+        lam = through(self.hook_lambda, self.lam(lam_scale), (H,), (B, T, H))
+        d = None
+        if self.hook_d.has_hooks(dir="fwd"):
+            ct = torch.promote_types(q.dtype, torch.float32)
+            d_arm = erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)), b.to(ct),
+                                    cfg.arm, self.z)
+            d = through(self.hook_d, d_arm)
+        want_probes = any(getattr(self, f"hook_{n}").has_hooks(dir="fwd") for n in READ_ONLY)
+        o, recurrent, probes = qed_attention(
+            q, k, v, g, b, w, lam, mode=cfg.op_mode, arm=cfg.arm, z=self.z, d=d,
+            initial_state=None if state is None else state.recurrent,
+            output_final_state=want_state, return_probes=want_probes, use_qk_l2norm=True,
+            cu_seqlens=cu_seqlens)
+        if want_probes:
+            for name in READ_ONLY:
+                observe(getattr(self, f"hook_{name}"), probes[name])
+        o = through(self.hook_o, o)
+        o = self.o_norm(o, self._heads(self.g_proj(x), V))
+        out = self.o_proj(o.flatten(-2))
+        return out, (MixerState(recurrent, (cq, ck, cv)) if want_state else None)

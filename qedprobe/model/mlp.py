@@ -1,0 +1,19 @@
+r"""SwiGLU MLP with fla's ``GatedMLP`` key names: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SwiGLUMLP(nn.Module):
+    """``[..., hidden] -> [..., hidden]`` through ``intermediate_size`` channels."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,111 @@
+r"""Inference-time strength: ``lambda_h -> s * lambda_h`` for selected layers and heads
+(the paper's Table 4 test, with an optional restriction to the prefill or decode phase).
+
+    with strength(model, 1.5):                       # every head, prefill and decode
+        model.generate(prompts, 32)
+    with strength(model, 0.0, layers=[3], heads=[0, 2], phase="decode"):
+        ...
+
+A forward pass (``model(ids)``, ``run_with_cache``, ``run_with_hooks``) is a prefill; in
+``generate`` the prompt pass is the prefill and each new-token step is a decode. Nested blocks
+multiply their factors; every block restores the model on exit, also after an exception.
+``hook_lambda`` sees lambda after the strength factor. On arm ``gdn2`` lambda is 0, so the
+factor has no effect.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .config import QEDConfig
+
+PHASES = ("all", "prefill", "decode")
+S_RANGE = (-1.0, 2.0)
+"""The range the paper tested; values outside need ``allow_extrapolation=True``."""
+
+
+@dataclass(eq=False)
+class StrengthFactor:
+    """One active ``strength`` block: a ``[L, H]`` float32 factor for one phase (or ``"all"``)."""
+
+    factor: torch.Tensor
+    phase: str
+
+
+def lambda_scales(model, phase: str) -> torch.Tensor | None:
+    """Product of the active factors that apply to ``phase`` (``"prefill"`` or ``"decode"``),
+    ``[L, H]`` float32, or None when no block applies."""
+    active = [f.factor for f in model._strength_factors if f.phase in ("all", phase)]
+    if not active:
+        return None
+    out = active[0]
+    for f in active[1:]:
+        out = out * f
+    return out
+
+
+def _selection(name: str, value, size: int) -> list[int]:
+    if value is None:
+        return list(range(size))
+    items = [value] if isinstance(value, int) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise ValueError(f"strength: `{name}` must be None, an int or a list of ints, got {value!r}") from None
+    bad = [i for i in items if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size]
+    if not items or bad:
+        raise ValueError(f"strength: `{name}` must be a non-empty list of ints in [0, {size}), "
+                         f"got {value!r}")
+    if len(set(items)) != len(items):
+        raise ValueError(f"strength: `{name}` has repeated entries: {items}")
+    return items
+
+
+def _factor_values(s, shape: tuple) -> torch.Tensor:
+    if isinstance(s, bool) or not isinstance(s, (int, float, torch.Tensor)):
+        raise ValueError(f"strength: `s` must be a float or a tensor of shape [layers, heads] = "
+                         f"{shape}, got {type(s).__name__}")
+    s = torch.as_tensor(s, dtype=torch.float32).detach().cpu()
+    if s.dim() != 0 and tuple(s.shape) != shape:
+        raise ValueError(f"strength: tensor `s` must have shape [layers, heads] = {shape} "
+                         f"(the selected layers x heads), got {tuple(s.shape)}")
+    if not bool(torch.isfinite(s).all()):
+        raise ValueError("strength: `s` must be finite")
+    return s
+
+
+@contextlib.contextmanager
+def strength(model, s, *, layers=None, heads=None, phase: str = "all",
+             allow_extrapolation: bool = False):
+    """Multiply lambda of the selected heads by ``s`` while the block is active.
+
+    Args:
+        model: a :class:`~qedprobe.model.QEDModel`.
+        s: float, or a tensor of shape ``[len(layers), len(heads)]`` (``[L, H]`` by default).
+        layers, heads: None (all), an int, or a list of distinct indices.
+        phase: ``"all"``, ``"prefill"`` or ``"decode"``.
+        allow_extrapolation: permit values of ``s`` outside ``[-1, 2]``.
+    """
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(cfg, QEDConfig) or not hasattr(model, "_strength_factors"):
+        raise ValueError(f"strength: `model` must be a QEDModel, got {type(model).__name__}")
+    if phase not in PHASES:
+        raise ValueError(f"strength: `phase` must be one of {PHASES}, got {phase!r}")
+    rows = _selection("layers", layers, cfg.num_hidden_layers)
+    cols = _selection("heads", heads, cfg.num_heads)
+    values = _factor_values(s, (len(rows), len(cols)))
+    lo, hi = S_RANGE
+    if not allow_extrapolation and bool(((values < lo) | (values > hi)).any()):
+        raise ValueError(f"strength: `s` must lie in [{lo}, {hi}] (the tested range), got "
+                         f"{values.min().item():g}..{values.max().item():g}; "
+                         "pass allow_extrapolation=True to go beyond it")
+    factor = torch.ones(cfg.num_hidden_layers, cfg.num_heads)
+    factor[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = values
+    entry = StrengthFactor(factor, phase)
+    model._strength_factors.append(entry)
+    try:
+        yield model
+    finally:
+        model._strength_factors[:] = [f for f in model._strength_factors if f is not entry]
