@@ -1,0 +1,473 @@
+"""Strength sweeps on NIAH tasks: a resumable runner, the paired summary and its plots.
+
+Python API (the CLI ``qedprobe sweep`` calls the same function)::
+
+    from qedprobe.eval.sweep import run_sweep
+    rows = run_sweep(model, "bytes", task="s-niah-1", lengths=[1024, 2048],
+                     strengths=[-1, 0, 0.5, 1, 1.5, 2], samples=500, seed=0, out="runs/a")
+
+Files in ``out``:
+
+* ``config.json``: what defines the samples and the intervention; a later run into the same
+  folder must agree on it (lengths and strengths may be added).
+* ``results.jsonl``: one row per ``(length, s, sample_id)``, appended and fsync'ed batch by batch.
+  A rerun skips the rows already there; a torn last line (a kill during a write) is cut off
+  and its row recomputed, so no row is lost or duplicated.
+* ``summary.csv`` / ``summary.json``: accuracy and Wilson 95% interval per length x s, and the
+  exact McNemar test of each s against the reference strength (default 1) on the samples both
+  have: ``b`` = right at s and wrong at the reference, ``c`` = the reverse, two-sided ``p``.
+* ``acc_vs_length.png``, ``acc_vs_strength.png``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from .stats import mcnemar_exact, wilson_interval
+from .tasks import NIAHTask, score
+
+__all__ = ["run_sweep", "ResultsStore", "load_results", "summarize", "write_summary", "plot_summary",
+           "SweepError", "SUMMARY_FIELDS", "parse_int_list", "parse_float_list"]
+
+S_RANGE = (-1.0, 2.0)
+SUMMARY_FIELDS = ["task", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high", "ref_s",
+                  "n_paired", "b", "c", "mcnemar_p"]
+"""``b``: right at s, wrong at ref_s; ``c``: wrong at s, right at ref_s (paired on sample ids)."""
+
+
+class SweepError(ValueError):
+    """An argument, model, tokenizer or output folder that a sweep cannot use."""
+
+
+def _skey(s) -> float:
+    return round(float(s), 6)
+
+
+def parse_int_list(text, name="list") -> list[int]:
+    """``"1024,2K,4k"`` -> ``[1024, 2048, 4096]`` (K = 1024)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        mult = 1
+        if part[-1] in "kK":
+            part, mult = part[:-1], 1024
+        try:
+            out.append(int(part) * mult)
+        except ValueError:
+            raise SweepError(f"{name}: {part!r} is not an integer") from None
+    if not out:
+        raise SweepError(f"{name}: empty")
+    return out
+
+
+def parse_float_list(text, name="list") -> list[float]:
+    try:
+        out = [float(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        raise SweepError(f"{name}: {text!r} is not a comma-separated list of numbers") from None
+    if not out:
+        raise SweepError(f"{name}: empty")
+    return out
+
+
+# --------------------------------------------------------------------------------------- IO
+class ResultsStore:
+    """``OUTDIR`` with ``config.json`` and an append-only ``results.jsonl``.
+
+    Opening takes an exclusive lock (``OUTDIR/.lock``, released when the process ends) so that two
+    runs never write the same file; it refuses a folder whose config disagrees on ``fixed`` keys.
+    """
+
+    def __init__(self, out, config: dict, fixed=("samples_spec", "intervention", "model")):
+        self.dir = Path(out)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise SweepError(f"output {str(self.dir)!r} exists and is not a folder")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / ".write_test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise SweepError(f"output folder {str(self.dir)!r} is not writable: {exc}") from exc
+        self._lock = None
+        try:
+            import fcntl
+            self._lock = open(self.dir / ".lock", "w")
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self._lock.close()
+                self._lock = None
+                raise SweepError(f"another sweep is writing into {str(self.dir)!r}") from None
+        except ImportError:  # pragma: no cover - non-POSIX
+            pass
+        self.config_path = self.dir / "config.json"
+        self.path = self.dir / "results.jsonl"
+        old = None
+        if self.config_path.exists():
+            try:
+                old = json.loads(self.config_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                self.close()
+                raise SweepError(f"{self.config_path} is unreadable ({exc}); use a new --out") from exc
+            for key in fixed:
+                if old.get(key) != config.get(key):
+                    self.close()
+                    raise SweepError(
+                        f"{str(self.dir)!r} holds a sweep with a different {key}:\n  there: "
+                        f"{json.dumps(old.get(key), sort_keys=True)}\n  now:   "
+                        f"{json.dumps(config.get(key), sort_keys=True)}\nuse a new --out to keep both")
+        elif self.path.exists() and self.path.stat().st_size > 0:
+            self.close()
+            raise SweepError(f"{self.path} exists without config.json; use a new --out")
+        merged = dict(config)
+        if old:
+            merged["lengths"] = sorted(set(old.get("lengths", [])) | set(config.get("lengths", [])))
+            merged["strengths"] = sorted(set(old.get("strengths", [])) | set(config.get("strengths", [])))
+        self.config = merged
+        tmp = self.config_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.config_path)
+        self.rows = self._load_and_repair()
+        self.done = {(r["length"], _skey(r["s"]), r["sample_id"]) for r in self.rows}
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def _load_and_repair(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        rows, seen, good_end, pos = [], set(), 0, 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                break  # torn last line
+            line = data[pos:nl]
+            pos = nl + 1
+            if not line.strip():
+                good_end = pos
+                continue
+            try:
+                row = json.loads(line)
+                key = (row["length"], _skey(row["s"]), row["sample_id"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                break  # a corrupt line: keep what precedes it
+            good_end = pos
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append(row)
+        if good_end < len(data):
+            with open(self.path, "r+b") as fh:
+                fh.truncate(good_end)
+        return rows
+
+    def append(self, rows: list[dict]) -> None:
+        """Append rows as one write, then flush and fsync."""
+        if not rows:
+            return
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+        self._fh.write(text)
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        for r in rows:
+            self.done.add((r["length"], _skey(r["s"]), r["sample_id"]))
+        self.rows.extend(rows)
+
+    def close(self) -> None:
+        fh = getattr(self, "_fh", None)
+        if fh is not None and not fh.closed:
+            fh.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_results(out) -> list[dict]:
+    """Complete rows of ``out/results.jsonl`` (a torn last line is skipped, not repaired)."""
+    path = Path(out) / "results.jsonl"
+    if not path.is_file():
+        raise SweepError(f"no results.jsonl in {str(out)!r}")
+    rows, seen = [], set()
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break
+            try:
+                r = json.loads(line)
+                key = (r["length"], _skey(r["s"]), r["sample_id"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                break
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
+    return rows
+
+
+# ---------------------------------------------------------------------------------- summary
+def summarize(rows, ref_s=1.0) -> list[dict]:
+    """Accuracy, Wilson 95% interval and the exact McNemar test against ``ref_s`` per length x s."""
+    by = defaultdict(dict)  # (length, s) -> {sample_id: correct}
+    task = {}
+    for r in rows:
+        by[(int(r["length"]), _skey(r["s"]))][int(r["sample_id"])] = bool(r["correct"])
+        task[int(r["length"])] = r.get("task", "")
+    ref = None if ref_s is None else _skey(ref_s)
+    out = []
+    for (length, s) in sorted(by):
+        res = by[(length, s)]
+        n, k = len(res), sum(res.values())
+        lo, hi = wilson_interval(k, n)
+        row = {"task": task[length], "length": length, "s": s, "n": n, "correct": k,
+               "accuracy": k / n if n else math.nan, "ci_low": lo, "ci_high": hi,
+               "ref_s": ref, "n_paired": None, "b": None, "c": None, "mcnemar_p": None}
+        base = by.get((length, ref)) if ref is not None else None
+        if base is not None:
+            shared = sorted(set(res) & set(base))
+            b = sum(1 for i in shared if res[i] and not base[i])
+            c = sum(1 for i in shared if base[i] and not res[i])
+            row.update(n_paired=len(shared), b=b, c=c, mcnemar_p=mcnemar_exact(b, c))
+        out.append(row)
+    return out
+
+
+def write_summary(summary: list[dict], out) -> list[Path]:
+    """``summary.csv`` and ``summary.json`` in ``out``."""
+    out = Path(out)
+    paths = [out / "summary.csv", out / "summary.json"]
+    with open(paths[0], "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=SUMMARY_FIELDS)
+        w.writeheader()
+        for row in summary:
+            w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in SUMMARY_FIELDS})
+    paths[1].write_text(json.dumps({"interval": "wilson95", "test": "mcnemar_exact_two_sided",
+                                    "b": "right at s, wrong at ref_s", "c": "wrong at s, right at ref_s",
+                                    "rows": summary}, indent=2) + "\n")
+    return paths
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
+    """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length)."""
+    plt = _plt()
+    out = Path(out)
+    lengths = sorted({r["length"] for r in summary})
+    strengths = sorted({r["s"] for r in summary})
+    cell = {(r["length"], r["s"]): r for r in summary}
+    paths = []
+    for xs, series, xlabel, fname, legend in (
+            (lengths, strengths, "context length (tokens)", "acc_vs_length.png", "s = {:g}"),
+            (strengths, lengths, "strength s (lambda x s)", "acc_vs_strength.png", "L = {}")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        cmap = plt.get_cmap("viridis")
+        for j, ser in enumerate(series):
+            pts = [(x, cell.get((x, ser) if fname == "acc_vs_length.png" else (ser, x))) for x in xs]
+            pts = [(x, r) for x, r in pts if r is not None and r["n"]]
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            y = [100 * p[1]["accuracy"] for p in pts]
+            err = [[100 * (p[1]["accuracy"] - p[1]["ci_low"]) for p in pts],
+                   [100 * (p[1]["ci_high"] - p[1]["accuracy"]) for p in pts]]
+            ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3,
+                        color=cmap(j / max(1, len(series) - 1)), label=legend.format(ser))
+        if fname == "acc_vs_length.png" and len(lengths) > 1:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths)
+            ax.set_xticklabels([f"{L // 1024}K" if L % 1024 == 0 else str(L) for L in lengths])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("accuracy (%), Wilson 95% CI")
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        if title:
+            ax.set_title(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=120)
+        plt.close(fig)
+        paths.append(out / fname)
+    return paths
+
+
+# ----------------------------------------------------------------------------------- runner
+def _model_fingerprint(model) -> dict:
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        return {}
+    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+    d.pop("op_mode", None)
+    return d
+
+
+def _default_batch(length, device_type, batch_tokens):
+    if device_type == "cuda":
+        return max(1, int(batch_tokens) // int(length))
+    return 4
+
+
+def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, samples, seed=0,
+              out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
+              ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
+              max_new_tokens=None, model_id=None, progress=True, stop_after=None):
+    """Run (or resume) a strength sweep into ``out``; returns the summary rows.
+
+    ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode).
+    ``tokenizer``: ``"bytes"``, a local HF folder or a tokenizer object.
+    ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
+    ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
+    ``stop_after``: stop after this many generate calls (tests of resume); the summary is still written.
+    The returned summary also has the timing in ``run_sweep.last_timing``.
+    """
+    import torch
+    from qedprobe.model import strength as strength_cm
+
+    t_start = time.perf_counter()
+    nt = task if isinstance(task, NIAHTask) else NIAHTask(task, tokenizer, haystack_file=haystack_file,
+                                                          num_needles=num_needles,
+                                                          max_new_tokens=max_new_tokens)
+    tok = nt.tokenizer
+    lengths = [int(x) for x in lengths]
+    strengths = [float(s) for s in strengths]
+    _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model)
+    config = {
+        "samples_spec": {**nt.describe(), "samples": int(samples), "seed": int(seed)},
+        "intervention": {"layers": None if layers is None else list(layers),
+                         "heads": None if heads is None else list(heads), "phase": phase},
+        "model": {"id": model_id, "config": _model_fingerprint(model)},
+        "lengths": lengths, "strengths": strengths, "ref_strength": ref_strength,
+    }
+    store = out if isinstance(out, ResultsStore) else ResultsStore(out, config)
+    timing = defaultdict(float)
+    n_prompt_tok = n_new_tok = 0
+    try:
+        todo = [(L, i, _skey(s)) for L in lengths for i in range(samples) for s in strengths
+                if (L, _skey(s), i) not in store.done]
+        bar = None
+        if progress and todo:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(todo), unit="row", desc=f"sweep {nt.name}", dynamic_ncols=True)
+        pending = defaultdict(lambda: defaultdict(list))  # L -> i -> [s]
+        for L, i, s in todo:
+            pending[L][i].append(s)
+        device = getattr(model, "device", torch.device("cpu"))
+        calls = 0
+        for L in lengths:
+            ids = sorted(pending[L])
+            bs = batch_size or _default_batch(L, torch.device(device).type, batch_tokens)
+            for start in range(0, len(ids), bs):
+                chunk = ids[start:start + bs]
+                t0 = time.perf_counter()
+                smp = {i: nt.sample(L, i, samples=samples, seed=seed) for i in chunk}
+                timing["generate_prompts_s"] += time.perf_counter() - t0
+                for s in strengths:
+                    who = [i for i in chunk if _skey(s) in pending[L][i]]
+                    if not who:
+                        continue
+                    if stop_after is not None and calls >= stop_after:
+                        raise _Stop
+                    t0 = time.perf_counter()
+                    prompts = [smp[i].input_ids for i in who]
+                    with torch.inference_mode(), strength_cm(model, s, layers=layers, heads=heads,
+                                                             phase=phase,
+                                                             allow_extrapolation=allow_extrapolation):
+                        new = model.generate(prompts, nt.max_new_tokens, eos_token_id=tok.eos_id,
+                                             do_sample=False)
+                    if torch.device(device).type == "cuda":
+                        torch.cuda.synchronize()
+                    dt = time.perf_counter() - t0
+                    timing["model_s"] += dt
+                    calls += 1
+                    t0 = time.perf_counter()
+                    rows = []
+                    for i, toks in zip(who, new):
+                        toks = [int(t) for t in toks]
+                        if tok.eos_id is not None and tok.eos_id in toks:
+                            toks = toks[:toks.index(tok.eos_id)]
+                        pred = tok.decode(toks)
+                        sm = smp[i]
+                        rows.append({"task": nt.name, "length": L, "s": s, "sample_id": i,
+                                     "correct": score(pred, sm.answer), "prediction": pred,
+                                     "answer": sm.answer, "key": sm.key, "depth": sm.depth,
+                                     "prompt_tokens": len(sm.input_ids), "new_tokens": len(toks),
+                                     "prompt_sha": sm.sha, "seed": int(seed)})
+                        n_prompt_tok += len(sm.input_ids)
+                        n_new_tok += len(new[who.index(i)])
+                    store.append(rows)
+                    timing["write_s"] += time.perf_counter() - t0
+                    if bar is not None:
+                        bar.update(len(rows))
+                        bar.set_postfix(L=L, s=f"{s:g}", tok_s=f"{n_prompt_tok / max(timing['model_s'], 1e-9):,.0f}")
+        if bar is not None:
+            bar.close()
+    except _Stop:
+        pass
+    finally:
+        t0 = time.perf_counter()
+        rows = list(store.rows)
+        summary = summarize(rows, ref_strength)
+        write_summary(summary, store.dir)
+        if summary:
+            plot_summary(summary, store.dir, title=f"{nt.name}, seed {seed}"
+                         + (f", {model_id}" if model_id else ""))
+        timing["summary_s"] += time.perf_counter() - t0
+        if not isinstance(out, ResultsStore):
+            store.close()
+    timing["total_s"] = time.perf_counter() - t_start
+    timing["prompt_tokens"] = n_prompt_tok
+    timing["new_tokens"] = n_new_tok
+    timing["prefill_tokens_per_s"] = n_prompt_tok / timing["model_s"] if timing["model_s"] else 0.0
+    run_sweep.last_timing = dict(timing)
+    return summary
+
+
+run_sweep.last_timing = {}
+
+
+class _Stop(Exception):
+    pass
+
+
+def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model):
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise SweepError(f"samples must be a positive integer, got {samples!r}")
+    if not lengths or any(L < 1 for L in lengths) or len(set(lengths)) != len(lengths):
+        raise SweepError(f"lengths must be distinct positive integers, got {lengths}")
+    if not strengths or len({_skey(s) for s in strengths}) != len(strengths):
+        raise SweepError(f"strengths must be distinct numbers, got {strengths}")
+    if any(not math.isfinite(s) for s in strengths):
+        raise SweepError("strengths must be finite")
+    lo, hi = S_RANGE
+    if not allow_extrapolation and any(s < lo or s > hi for s in strengths):
+        raise SweepError(f"strengths must lie in [{lo:g}, {hi:g}] (the tested range), got {strengths}; "
+                         "pass allow_extrapolation to go beyond it")
+    if phase not in ("all", "prefill", "decode"):
+        raise SweepError(f"phase must be all, prefill or decode, got {phase!r}")
+    need = nt.min_length()
+    short = [L for L in lengths if L < need]
+    if short:
+        raise SweepError(f"lengths {short} are too short for {nt.name} with this tokenizer "
+                         f"(need >= {need} tokens)")
+    if model is not None:
+        cfg = getattr(model, "cfg", None)
+        vs = getattr(cfg, "vocab_size", None)
+        if vs is not None and nt.tokenizer.vocab_size > vs:
+            raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
+                             f"model's vocabulary has {vs}: wrong --tokenizer for this model?")
