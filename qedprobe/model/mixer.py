@@ -99,16 +99,20 @@ class QEDMixer(nn.Module):
         return x.unflatten(-1, (self.cfg.num_heads, dim))
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
-        """``g = -exp(A_log_h) * softplus(f_proj(x) + dt_bias)``, float32 ``[B, T, H, K]``."""
-        g = F.softplus(self.f_proj(x).float() + self.dt_bias.float())
-        return -self.A_log.float().exp().unsqueeze(-1) * self._heads(g, self.cfg.head_dim)
+        """``g = -exp(A_log_h) * softplus(f_proj(x) + dt_bias)``, ``[B, T, H, K]`` in float32
+        (float64 for a float64 model)."""
+        ct = torch.promote_types(x.dtype, torch.float32)
+        g = F.softplus(self.f_proj(x).to(ct) + self.dt_bias.to(ct))
+        return -self.A_log.to(ct).exp().unsqueeze(-1) * self._heads(g, self.cfg.head_dim)
 
     def lam(self, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """``scale * lambda_max * sigmoid(theta)``, float32 ``[H]`` (zeros for arm gdn2)."""
+        """``scale * lambda_max * sigmoid(theta)``, ``[H]`` (zeros for arm gdn2), float32
+        (float64 for a float64 model)."""
+        ct = torch.promote_types(self.A_log.dtype, torch.float32)
         if self.theta is None:
-            lam = torch.zeros(self.cfg.num_heads, device=self.A_log.device)
+            lam = torch.zeros(self.cfg.num_heads, dtype=ct, device=self.A_log.device)
         else:
-            lam = lambda_from_theta(self.theta.float(), self.cfg.lambda_max)
+            lam = lambda_from_theta(self.theta.to(ct), self.cfg.lambda_max)
         return lam if scale is None else lam * scale.to(lam)
 
     def forward(self, x: torch.Tensor, *, lam_scale: torch.Tensor | None = None,

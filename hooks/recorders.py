@@ -1,0 +1,128 @@
+r"""Streaming probe recorders: per-head statistics over all tokens seen, O(H) memory.
+
+:class:`RunningStats` keeps, per head, the count, mean and sum of squared deviations (merged
+batch by batch with Chan's parallel update), min, max and, optionally, counts in fixed bins.
+:class:`ProbeRecorder` attaches one ``RunningStats`` per (probe, layer) to a model's hooks::
+
+    rec = ProbeRecorder(model, probes=("e", "rho"), edges={"e": torch.linspace(-0.25, 1.25, 61)})
+    with rec.attach():
+        model(ids)
+    rec.stats[("e", 3)].mean      # [H]
+
+Probe values per token and head: ``e`` and ``rho`` as they are, ``Sd`` and ``d`` as their L2
+norm over the last axis, ``lambda`` as given (``[H]`` counts as one sample per head).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+PROBES = ("e", "rho", "Sd", "d", "lambda")
+
+
+class RunningStats:
+    """Per-head running count / mean / variance / min / max (float64), optional histogram.
+
+    ``edges``: increasing bin edges ``[nb + 1]``; ``counts`` is ``[H, nb + 2]`` with the
+    under- and overflow bins first and last.
+    """
+
+    def __init__(self, num_heads: int, edges: torch.Tensor | None = None):
+        self.num_heads = num_heads
+        self.count = torch.zeros(num_heads, dtype=torch.float64)
+        self.mean = torch.zeros(num_heads, dtype=torch.float64)
+        self.m2 = torch.zeros(num_heads, dtype=torch.float64)
+        self.min = torch.full((num_heads,), float("inf"), dtype=torch.float64)
+        self.max = torch.full((num_heads,), float("-inf"), dtype=torch.float64)
+        self.edges = None
+        self.counts = None
+        if edges is not None:
+            edges = torch.as_tensor(edges, dtype=torch.float64).flatten()
+            if edges.numel() < 2 or not bool((edges[1:] > edges[:-1]).all()):
+                raise ValueError(f"RunningStats: `edges` must be >= 2 strictly increasing values, got {edges.tolist()}")
+            self.edges = edges
+            self.counts = torch.zeros(num_heads, edges.numel() + 1, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add samples ``x`` ``[..., H]`` (every leading index is one sample per head)."""
+        if x.shape[-1] != self.num_heads:
+            raise ValueError(f"RunningStats: last axis must be the {self.num_heads} heads, got shape {tuple(x.shape)}")
+        x = x.detach().reshape(-1, self.num_heads).to("cpu", torch.float64)
+        n = x.shape[0]
+        if n == 0:
+            return
+        mean_b = x.mean(0)
+        m2_b = ((x - mean_b) ** 2).sum(0)
+        total = self.count + n
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * n / total
+        self.m2 = self.m2 + m2_b + delta ** 2 * self.count * n / total
+        self.count = total
+        self.min = torch.minimum(self.min, x.min(0).values)
+        self.max = torch.maximum(self.max, x.max(0).values)
+        if self.edges is not None:
+            idx = torch.bucketize(x, self.edges, right=True).T  # [H, n], 0 = underflow
+            self.counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
+
+    @property
+    def var(self) -> torch.Tensor:
+        """Population variance per head (NaN before any sample)."""
+        return self.m2 / self.count
+
+    def to_dict(self) -> dict:
+        out = {"count": self.count.tolist(), "mean": self.mean.tolist(), "var": self.var.tolist(),
+               "min": self.min.tolist(), "max": self.max.tolist()}
+        if self.edges is not None:
+            out["edges"] = self.edges.tolist()
+            out["counts"] = self.counts.tolist()
+        return out
+
+
+def probe_values(name: str, x: torch.Tensor) -> torch.Tensor:
+    """Per token-and-head scalars of probe ``name``: norms for ``Sd``/``d``, else ``x``."""
+    return x.float().norm(dim=-1) if name in ("Sd", "d") else x
+
+
+class ProbeRecorder:
+    """One :class:`RunningStats` per (probe, layer), fed by forward hooks.
+
+    Args:
+        model: a ``QEDModel`` (used for its hook names and sizes).
+        probes: names from ``PROBES``.
+        layers: layer indices (default all).
+        edges: optional ``{probe: bin edges}`` for histograms.
+    """
+
+    def __init__(self, model, probes=("e", "rho", "Sd"), layers=None, edges: dict | None = None):
+        unknown = [p for p in probes if p not in PROBES]
+        if unknown or not probes:
+            raise ValueError(f"ProbeRecorder: `probes` must be a non-empty subset of {PROBES}, got {probes!r}")
+        L = model.cfg.num_hidden_layers
+        layers = list(range(L)) if layers is None else list(layers)
+        if not layers or any(not isinstance(l, int) or not 0 <= l < L for l in layers):
+            raise ValueError(f"ProbeRecorder: `layers` must be ints in [0, {L}), got {layers!r}")
+        edges = edges or {}
+        self.model = model
+        self.stats = {(p, l): RunningStats(model.cfg.num_heads, edges.get(p))
+                      for p in probes for l in layers}
+
+    def _hook(self, key):
+        def record(x, hook):
+            self.stats[key].update(probe_values(key[0], x))
+        return record
+
+    @property
+    def fwd_hooks(self) -> list:
+        """``[(hook name, fn)]`` for ``run_with_hooks`` / ``model.hooks``."""
+        return [(f"blocks.{l}.attn.hook_{p}", self._hook((p, l))) for p, l in self.stats]
+
+    @contextlib.contextmanager
+    def attach(self):
+        """Record every forward pass (also inside ``generate``) while the block is active."""
+        with self.model.hooks(fwd_hooks=self.fwd_hooks):
+            yield self
+
+    def summary(self) -> dict:
+        """``{"probe/layer": RunningStats.to_dict()}``."""
+        return {f"{p}/{l}": s.to_dict() for (p, l), s in self.stats.items()}
