@@ -3,7 +3,7 @@ r"""``qedprobe convert``: turn an fla-style GDN-2 model checkpoint into a qedpro
 fla's keys ``model.embeddings.*``, ``model.layers.{l}.*``, ``model.norm.*`` and ``lm_head.*``
 become ``embeddings.*``, ``blocks.{l}.*``, ``norm.*`` and ``lm_head.*`` (dropped when the
 embeddings are tied); each mixer's tensors keep fla's names. Sizes are read from the tensors;
-``config.json`` beside the weights (if any) supplies ``norm_eps`` and is checked for options
+``config.json`` beside the weights (if any) supplies ``norm_eps`` and ``initializer_range`` and is checked for options
 qedprobe does not model. Arm ``gdn2`` adds nothing; a QED arm adds ``theta`` (every head set
 to ``--theta``) and, for ``rand``, the directions ``z`` from ``--rand-seed``.
 
@@ -102,6 +102,7 @@ def infer_config(tensors: dict[str, torch.Tensor], fla_config: dict, **qed_field
                      head_dim=key_dim // heads, expand_v=value_dim / key_dim, intermediate_size=intermediate,
                      conv_size=conv_size, conv_bias="blocks.0.attn.q_conv1d.bias" in tensors,
                      norm_eps=float(fla_config.get("norm_eps", 1e-6)), tie_word_embeddings=bool(tied),
+                     initializer_range=float(fla_config.get("initializer_range", 0.02)),
                      **qed_fields)
 
 
