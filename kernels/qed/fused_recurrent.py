@@ -63,12 +63,11 @@ def qed_recurrent_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
     mask_v = o_v < V
-    mask_h = mask_k[:, None] & mask_v[None, :]
-    p_h = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
 
     b_h = tl.zeros([BK, BV], dtype=DT)
     if USE_INITIAL_STATE:
-        b_h += tl.load(h0 + p_h, mask=mask_h, other=0).to(DT)
+        p_h0 = h0 + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
+        b_h += tl.load(p_h0, mask=mask_k[:, None] & mask_v[None, :], other=0).to(DT)
     if ARM == 4:  # rand: z_h is fixed per head
         b_z = tl.load(z + i_h * K + o_k, mask=mask_k, other=0).to(DT)
     if not LAM_PER_TOKEN:
@@ -123,7 +122,8 @@ def qed_recurrent_kernel(
         t += 1
 
     if STORE_FINAL_STATE:
-        tl.store(ht + p_h, b_h.to(ht.dtype.element_ty), mask=mask_h)
+        p_ht = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
+        tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
 
 def _block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:

@@ -1,0 +1,107 @@
+"""Decode-step timing: ``qed_recurrent`` (T=1, carried state) against fla's ``fused_recurrent_gdn2``.
+
+    python bench/recurrent_decode.py            # needs CUDA; fla optional; writes $OUT/recurrent_decode.json
+
+``bench_decode(B, H, K, V, dtype)`` returns microseconds per step, median of
+``triton.testing.do_bench`` (as in /work/shared/anchors.md: includes any host-side gap between
+launches), plus the GPU-only time from CUDA-graph replays and the host time per call.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+from qedprobe.kernels.qed import fused_recurrent
+from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
+
+GRAPH_CALLS = 20
+
+
+def _inputs(B, H, K, V, dtype):
+    r = lambda *s, dt=dtype: torch.randn(*s, device="cuda", dtype=dt)  # noqa: E731
+    u = lambda *s, dt=dtype: torch.rand(*s, device="cuda", dtype=dt)  # noqa: E731
+    return dict(q=r(B, 1, H, K), k=r(B, 1, H, K), v=0.5 * r(B, 1, H, V), g=-0.1 * u(B, 1, H, K, dt=torch.float32),
+                b=u(B, 1, H, K), w=u(B, 1, H, V), h0=r(B, H, K, V, dt=torch.float32),
+                lam=0.1 * u(H, dt=torch.float32))
+
+
+def _times(fn):
+    """``(do_bench median us, CUDA-graph us per call, host us per call)``."""
+    fn()
+    torch.cuda.synchronize()
+    bench_us = 1e3 * do_bench(fn, warmup=25, rep=200, return_mode="median")
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host_us = 1e6 * (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            fn()  # warm the allocator on the capture stream
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(GRAPH_CALLS):
+                fn()
+        graph_us = 1e3 * do_bench(graph.replay, warmup=25, rep=200, return_mode="median") / GRAPH_CALLS
+    except RuntimeError as err:  # a kernel that cannot be captured: report no graph time
+        print(f"graph capture failed: {err}", file=sys.stderr)
+        graph_us = float("nan")
+    return bench_us, graph_us, host_us
+
+
+def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Microseconds per decode step (T=1, ``initial_state`` in, final state out, qk L2-norm in kernel)."""
+    x = _inputs(B, H, K, V, dtype)
+    args = [x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")]
+    res = {"B": B, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""),
+           "block_config": fused_recurrent._block_config(K, V, torch.float32)}
+    for name, probes in (("qed", False), ("qed_probes", True)):
+        fn = lambda p=probes: qed_recurrent(*args, arm="full", initial_state=x["h0"],  # noqa: E731
+                                            output_final_state=True, return_probes=p)
+        res[f"{name}_us"], res[f"{name}_graph_us"], res[f"{name}_host_us"] = _times(fn)
+    try:
+        from fla.ops.gdn2 import fused_recurrent_gdn2
+    except ImportError:
+        return res
+    fn = lambda: fused_recurrent_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"],  # noqa: E731
+                                      initial_state=x["h0"], output_final_state=True,
+                                      use_qk_l2norm_in_kernel=True)
+    res["fla_us"], res["fla_graph_us"], res["fla_host_us"] = _times(fn)
+    res["qed_over_fla"] = res["qed_us"] / res["fla_us"]
+    return res
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("recurrent_decode: needs CUDA", file=sys.stderr)
+        return 1
+    rows = [bench_decode(16, 16, 128, 128, torch.bfloat16), bench_decode(16, 16, 64, 64, torch.bfloat16),
+            bench_decode(1, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16)]
+    # Sweep the launch configuration on the benchmark shape.
+    default = fused_recurrent._block_config
+    for cfg in [(8, 4), (16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]:
+        fused_recurrent._block_config = lambda K, V, dtype, c=cfg: c
+        rows.append(bench_decode(16, 16, 128, 128, torch.bfloat16))
+    fused_recurrent._block_config = default
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "recurrent_decode.json"), "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    cols = ["B", "H", "K", "V", "block_config", "qed_us", "qed_probes_us", "fla_us",
+            "qed_graph_us", "qed_probes_graph_us", "fla_graph_us", "qed_host_us", "fla_host_us"]
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
