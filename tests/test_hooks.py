@@ -1,0 +1,89 @@
+"""Ready-made hooks: streaming probe recorders and interventions."""
+import pytest
+import torch
+
+from qedprobe.hooks import DirectionReplacement, ProbeRecorder, RunningStats, scale_lambda, zero_direction
+from qedprobe.model import strength
+
+from test_model import ids, tiny
+
+
+def test_running_stats_match_batch_statistics():
+    gen = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(n, 5, 3, generator=gen) * (i + 1) for i, n in enumerate((1, 4, 7))]
+    rs = RunningStats(3, edges=[-1.0, 0.0, 1.0])
+    for c in chunks:
+        rs.update(c)
+    flat = torch.cat([c.reshape(-1, 3) for c in chunks]).double()
+    assert rs.count.tolist() == [60.0] * 3
+    torch.testing.assert_close(rs.mean, flat.mean(0))
+    torch.testing.assert_close(rs.var, flat.var(0, unbiased=False))
+    assert torch.equal(rs.min, flat.min(0).values) and torch.equal(rs.max, flat.max(0).values)
+    expected = torch.stack([torch.bucketize(flat[:, h].contiguous(), torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64),
+                                            right=True).bincount(minlength=4) for h in range(3)]).double()
+    assert torch.equal(rs.counts, expected) and rs.counts.sum().item() == 180
+    with pytest.raises(ValueError, match="last axis must be the 3 heads"):
+        rs.update(torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        RunningStats(3, edges=[1.0, 0.0])
+
+
+def test_probe_recorder_streams_what_the_cache_holds():
+    model = tiny()
+    x1, x2 = ids(seed=1), ids(seed=2)
+    rec = ProbeRecorder(model, probes=("e", "Sd", "lambda"), layers=[1], edges={"e": torch.linspace(0, 1, 11)})
+    with rec.attach():
+        model(x1)
+        model(x2)
+    assert not any(hp.has_hooks() for hp in model.hook_points())
+    caches = [model.run_with_cache(x)[1] for x in (x1, x2)]
+    e = torch.cat([c["blocks.1.attn.hook_e"].reshape(-1, 2) for c in caches]).double()
+    sd = torch.cat([c["blocks.1.attn.hook_Sd"].norm(dim=-1).reshape(-1, 2) for c in caches]).double()
+    torch.testing.assert_close(rec.stats[("e", 1)].mean, e.mean(0))
+    torch.testing.assert_close(rec.stats[("Sd", 1)].max, sd.max(0).values)
+    assert rec.stats[("e", 1)].counts.sum().item() == e.numel()
+    torch.testing.assert_close(rec.stats[("lambda", 1)].mean, model.blocks[1].attn.lam().detach().double())
+    assert set(rec.summary()) == {"e/1", "Sd/1", "lambda/1"}
+    with pytest.raises(ValueError, match="`probes` must be"):
+        ProbeRecorder(model, probes=("eig",))
+    with pytest.raises(ValueError, match="`layers` must be"):
+        ProbeRecorder(model, layers=[5])
+
+
+def test_recorder_runs_inside_generate():
+    model = tiny()
+    rec = ProbeRecorder(model, probes=("rho",), layers=[0])
+    with rec.attach():
+        model.generate([[1, 2, 3], [4, 5]], 3)
+    assert rec.stats[("rho", 0)].count.tolist() == [5 + 2 * 2] * 2  # prefill 5 tokens, 2 steps x 2
+
+
+def test_scale_lambda_and_zero_direction_match_strength():
+    model = tiny()
+    x = ids()
+    with strength(model, 0.5, layers=[0]):
+        s_half = model(x)
+    with strength(model, 0.0):
+        s_zero = model(x)
+    torch.testing.assert_close(model.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_lambda", scale_lambda(0.5))]),
+                               s_half)
+    zeroed = model.run_with_hooks(x, fwd_hooks=[(lambda n: n.endswith("hook_d"), zero_direction)])
+    torch.testing.assert_close(zeroed, s_zero, rtol=0, atol=1e-6)
+
+
+def test_direction_replacement_reproduces_the_rand_arm():
+    rand = tiny("rand")
+    full = tiny("full")
+    full.load_state_dict({k: v for k, v in rand.state_dict().items() if not k.endswith(".z")}, strict=True)
+    x = ids()
+    hooks = []
+    for l in range(2):
+        hooks += DirectionReplacement(rand.blocks[l].attn.z).hooks([l])
+    torch.testing.assert_close(full.run_with_hooks(x, fwd_hooks=hooks), rand(x), rtol=1e-5, atol=1e-6)
+    assert (full(x) - rand(x)).abs().max() > 1e-4
+    plain = DirectionReplacement(rand.blocks[0].attn.z, gate=False, project=False)
+    with full.hooks(fwd_hooks=plain.hooks([0])):
+        _, cache = full.run_with_cache(x, names_filter="blocks.0.attn.hook_d")
+    torch.testing.assert_close(cache["blocks.0.attn.hook_d"], rand.blocks[0].attn.z.expand(2, 11, 2, 16))
+    with pytest.raises(ValueError, match=r"`z` has shape \(2, 8\)"):
+        full.run_with_hooks(x, fwd_hooks=DirectionReplacement(torch.ones(2, 8)).hooks([0]))
