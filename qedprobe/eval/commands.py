@@ -1,0 +1,274 @@
+"""Sub-commands ``sweep``, ``report`` and ``eig`` for the ``qedprobe`` CLI.
+
+``register(subparsers)`` adds them; each sets ``func=run_x`` with ``run_x(args) -> int``.
+Every check that needs no model (task, lengths, strengths, tokenizer, output folder, the model
+folder's ``config.json``) runs before the weights are loaded; errors are printed as one line
+``qedprobe <cmd>: error: ...`` with exit status 2.
+
+Standalone: ``python -m qedprobe.eval.commands sweep ...``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .sweep import SweepError, parse_float_list, parse_int_list
+
+__all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "main"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _idx_list(text, name):
+    if text is None:
+        return None
+    return parse_int_list(text, name)
+
+
+def _common_model_args(p):
+    p.add_argument("--model", required=True, help="folder written by QEDModel.save_pretrained")
+    p.add_argument("--tokenizer", default="bytes",
+                   help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder")
+    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--layers", default=None, help="comma list of layers whose lambda s scales (default all)")
+    p.add_argument("--heads", default=None, help="comma list of heads whose lambda s scales (default all)")
+
+
+def register(subparsers) -> None:
+    """Add ``sweep``, ``report`` and ``eig`` to an argparse ``subparsers`` object."""
+    p = subparsers.add_parser("sweep", help="NIAH accuracy vs inference-time strength s (resumable)",
+                              description="Run a strength sweep: every (length, s, sample) once, "
+                                          "appended to OUT/results.jsonl; rerun to resume.")
+    _common_model_args(p)
+    p.add_argument("--task", default="s-niah-1", help="s-niah-1, s-niah-2, s-niah-3 or mk-niah")
+    p.add_argument("--lengths", default="1024,2048,4096", help="comma list of token lengths (2K = 2048)")
+    p.add_argument("--strengths", default="-1,0,0.5,1,1.5,2", help="comma list of s (lambda -> s * lambda)")
+    p.add_argument("--samples", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0, help="data seed (keys, values, haystack offsets)")
+    p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call")
+    p.add_argument("--batch-tokens", type=int, default=2 ** 18,
+                   help="on CUDA without --batch-size: batch = batch_tokens // length")
+    p.add_argument("--phase", default="all", choices=("all", "prefill", "decode"))
+    p.add_argument("--ref-strength", type=float, default=1.0, help="McNemar reference strength")
+    p.add_argument("--haystack-file", default=None, help="prose haystack for s-niah-2/3 (default: shipped text)")
+    p.add_argument("--num-needles", type=int, default=None, help="needles in mk-niah (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_sweep_cmd)
+
+    p = subparsers.add_parser("report", help="several sweeps side by side, with paired tests",
+                              description="Markdown tables and a figure from sweep folders.")
+    p.add_argument("sweeps", nargs="+", help="sweep output folders")
+    p.add_argument("--labels", default=None, help="comma list of column labels (default: folder names)")
+    p.add_argument("--s", type=float, default=1.0, help="strength shown in the main table")
+    p.add_argument("--baseline", default="0", help="index or label of the baseline sweep (default first)")
+    p.add_argument("--title", default=None)
+    p.add_argument("--out", default=None, help="folder for report.md, report.json, report.png")
+    p.set_defaults(func=run_report_cmd)
+
+    p = subparsers.add_parser("eig", help="streaming histograms of e_t, rho_t, ||S^T d||, sigma_max(M_t)",
+                              description="Run a task or a text file through the model and save "
+                                          "per-layer, per-head statistics of the erase factor.")
+    _common_model_args(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--task", default=None, help="NIAH task providing the inputs (default s-niah-1)")
+    src.add_argument("--text", default=None, help="text file providing the inputs")
+    p.add_argument("--length", type=parse_length, default=4096, help="tokens per input (2K = 2048)")
+    p.add_argument("--samples", type=int, default=8, help="number of inputs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
+    p.add_argument("--allow-extrapolation", action="store_true")
+    p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_eig_cmd)
+
+
+def parse_length(text):
+    try:
+        (v,) = parse_int_list(text, "length")
+    except (SweepError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return v
+
+
+def _fail(cmd, msg) -> int:
+    print(f"qedprobe {cmd}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _device_dtype(args):
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise SweepError(f"--device {device!r}: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SweepError("--device cuda requested but CUDA is not available")
+    name = args.dtype
+    if name == "auto":
+        name = "bfloat16" if dev.type == "cuda" else "float32"
+    return dev, getattr(torch, name)
+
+
+def _model_config(path):
+    from qedprobe.model import QEDConfig
+    p = Path(path)
+    if not p.is_dir():
+        raise SweepError(f"--model {path!r} is not a folder")
+    try:
+        return QEDConfig.load(p / "config.json")
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        raise SweepError(f"--model {path!r}: {exc}") from None
+
+
+def _load_model(path, dev, dtype):
+    from qedprobe.model import QEDModel
+    try:
+        model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
+    except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
+        raise SweepError(f"cannot load the model from {path!r}: {type(exc).__name__}: {exc}") from None
+    return model.eval()
+
+
+def run_sweep_cmd(args) -> int:
+    from qedprobe.tokenizer import TokenizerError
+
+    from .sweep import ResultsStore, _model_fingerprint, _validate, run_sweep
+    from .tasks import NIAHTask
+    try:
+        lengths = parse_int_list(args.lengths, "--lengths")
+        strengths = parse_float_list(args.strengths, "--strengths")
+        layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
+        if args.batch_size is not None and args.batch_size < 1:
+            raise SweepError("--batch-size must be >= 1")
+        try:
+            nt = NIAHTask(args.task, args.tokenizer, haystack_file=args.haystack_file,
+                          num_needles=args.num_needles, max_new_tokens=args.max_new_tokens)
+        except (TokenizerError, OSError, ValueError) as exc:
+            raise SweepError(str(exc)) from None
+        _validate(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation, None)
+        cfg = _model_config(args.model)
+        if nt.tokenizer.vocab_size > cfg.vocab_size:
+            raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
+                             f"model's vocabulary has {cfg.vocab_size}: wrong --tokenizer?")
+        for name, sel, size in (("--layers", layers, cfg.num_hidden_layers), ("--heads", heads, cfg.num_heads)):
+            if sel is not None and any(not 0 <= i < size for i in sel):
+                raise SweepError(f"{name} {sel} outside 0..{size - 1}")
+        dev, dtype = _device_dtype(args)
+
+        class _Cfg:  # fingerprint from config.json, identical to the loaded model's
+            pass
+        fake = _Cfg()
+        fake.cfg = cfg
+        model_id = str(Path(args.model).resolve())
+        config = {
+            "samples_spec": {**nt.describe(), "samples": int(args.samples), "seed": int(args.seed)},
+            "intervention": {"layers": layers, "heads": heads, "phase": args.phase},
+            "model": {"id": model_id, "config": _model_fingerprint(fake)},
+            "lengths": lengths, "strengths": strengths, "ref_strength": args.ref_strength,
+        }
+        store = ResultsStore(args.out, config)
+        try:
+            model = _load_model(args.model, dev, dtype)
+            summary = run_sweep(model, nt.tokenizer, task=nt, lengths=lengths, strengths=strengths,
+                                samples=args.samples, seed=args.seed, out=store,
+                                batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                                layers=layers, heads=heads, phase=args.phase,
+                                ref_strength=args.ref_strength,
+                                allow_extrapolation=args.allow_extrapolation, model_id=model_id,
+                                progress=not args.no_progress)
+        finally:
+            store.close()
+    except SweepError as exc:
+        return _fail("sweep", exc)
+    timing = run_sweep.last_timing
+    print(f"wrote {Path(args.out) / 'summary.csv'} ({len(summary)} cells); "
+          f"model time {timing.get('model_s', 0):.1f} s, "
+          f"{timing.get('prefill_tokens_per_s', 0):,.0f} prompt tokens/s")
+    return 0
+
+
+def run_report_cmd(args) -> int:
+    from .report import build_report
+    try:
+        labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
+        base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
+        md = build_report(args.sweeps, labels=labels, s=args.s, baseline=base, out=args.out,
+                          title=args.title)
+    except (SweepError, OSError, json.JSONDecodeError, IndexError) as exc:
+        return _fail("report", exc)
+    print(md)
+    return 0
+
+
+def run_eig_cmd(args) -> int:
+    from qedprobe.tokenizer import TokenizerError, load_tokenizer
+
+    from .eig import run_eig, task_batches, text_batches
+    from .tasks import NIAHTask
+    try:
+        layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
+        if args.samples < 1 or args.batch_size < 1 or args.length < 2:
+            raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
+        try:
+            tok = load_tokenizer(args.tokenizer)
+            if args.text is not None:
+                if not Path(args.text).is_file():
+                    raise SweepError(f"--text {args.text!r} is not a file")
+                batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
+                                       batch_size=args.batch_size)
+            else:
+                nt = NIAHTask(args.task or "s-niah-1", tok)
+                if args.length < nt.min_length():
+                    raise SweepError(f"--length {args.length} is too short for {nt.name} "
+                                     f"(need >= {nt.min_length()})")
+                batches = task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
+                                       batch_size=args.batch_size)
+        except (TokenizerError, ValueError, OSError) as exc:
+            raise SweepError(str(exc)) from None
+        cfg = _model_config(args.model)
+        if tok.vocab_size > cfg.vocab_size:
+            raise SweepError(f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has "
+                             f"{cfg.vocab_size}: wrong --tokenizer?")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise SweepError(f"--out {args.out!r} exists and is not a folder")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SweepError(f"--out {args.out!r}: {exc}") from None
+        dev, dtype = _device_dtype(args)
+        model = _load_model(args.model, dev, dtype)
+        total = -(-args.samples // args.batch_size)
+        acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
+                      allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
+                      total=total)
+        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task,
+                         "text": args.text, "length": args.length, "samples": args.samples})
+        paths = acc.save(out)
+    except SweepError as exc:
+        return _fail("eig", exc)
+    except ValueError as exc:  # e.g. strength out of range
+        return _fail("eig", exc)
+    print(f"eig: {acc.tokens} tokens per head; wrote " + ", ".join(p.name for p in paths))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="qedprobe")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+r"""Streaming statistics of the erase factor ``M_t = I - k_t a_t^T`` per layer and head.
+
+For every token and head the hooks read ``k`` (normalised here as the op does,
+``k / sqrt(sum k^2 + 1e-6)``), ``b``, ``lambda``, ``d``, and the probes ``e``, ``rho``, ``Sd``;
+they reduce them at once to fixed-size accumulators (nothing per token is kept, so memory does
+not grow with the input length):
+
+* ``e_t = 1 - a_t . k_t`` (the non-trivial eigenvalue, ``a_t = b_t * k_t + lam d_t``): histogram on
+  fixed bins over ``[-0.5, 1.5]`` (the theoretical range ``[-lam, 1 + lam]`` for any
+  ``lam <= 0.5``, i.e. ``lambda_max = 0.25`` up to ``s = 2``), plus under/overflow bins, so the
+  counts of a head always sum to the number of tokens seen; min / max; counts of ``e < 0``,
+  ``|e| > 1`` and ``e`` outside ``(0, 1)``.
+* ``rho_t = q_t . k_t``: histogram on ``[-1, 1]`` and moments.
+* ``||S_bar_t^T d_t||`` and the output correction ``|lam rho_t| * scale * ||S_bar_t^T d_t||``
+  (``scale = head_dim ** -0.5``, the op's default): histograms of ``log10`` on ``[-8, 4]``.
+* ``sigma_t``: the largest singular value of ``M_t``. With ``c = a.k``, ``p = ||k||^2 ||a||^2``,
+  ``M^T M`` is the identity off ``span{k, a}``, and on that plane ``sigma_1^2 + sigma_2^2 =
+  2 - 2c + p`` and ``sigma_1 sigma_2 = |det M| = |1 - c|``, so::
+
+      sigma_max^2 - 1 = (p - 2c + sqrt(p (4 - 4c + p))) / 2   (>= 0 because p >= c^2)
+
+  (``M`` has the eigenvalue 1, so ``sigma_max >= 1``: a spectral radius below 1 never bounds
+  the norm.) Histogram of ``log10(sigma_max - 1)`` on ``[-12, 1]``; count of ``sigma_max > 1``
+  while ``|e| < 1`` (eigenvalues inside, norm above 1: non-normality).
+
+Python::
+
+    from qedprobe.eval.eig import run_eig, task_batches
+    acc = run_eig(model, task_batches("s-niah-1", "bytes", length=4096, samples=8), s=1.0)
+    acc.save("runs/eig")          # eig.npz, eig.json, eig_*.png
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["sigma_max_rank_one", "EigAccumulator", "run_eig", "task_batches", "text_batches", "BINS"]
+
+L2NORM_EPS = 1e-6
+
+BINS = {
+    "e": (-0.5, 1.5, 800),
+    "rho": (-1.0, 1.0, 200),
+    "log10_sd": (-8.0, 4.0, 240),
+    "log10_corr": (-8.0, 4.0, 240),
+    "log10_sigma_m1": (-12.0, 1.0, 260),
+}
+"""name -> (low, high, bins). Every histogram also has an underflow (index 0) and an overflow
+(index -1) bin; log histograms put zeros in the underflow bin."""
+
+STATS = ("e", "rho", "sd", "corr", "sigma")
+COUNTS = ("n", "e_lt0", "e_abs_gt1", "e_out01", "sigma_gt1", "sigma_gt1_e_in", "nan")
+
+
+def sigma_max_rank_one(k: torch.Tensor, a: torch.Tensor, *, minus_one: bool = False) -> torch.Tensor:
+    """Largest singular value of ``I - k a^T`` along the last axis (closed form, float64).
+
+    With ``minus_one``, returns ``sigma_max - 1`` computed without cancellation.
+    Needs a last-axis size >= 2 (then ``sigma_max >= 1``).
+    """
+    k = k.double()
+    a = a.double()
+    c = (k * a).sum(-1)
+    p = (k * k).sum(-1) * (a * a).sum(-1)
+    s2m1 = 0.5 * (p - 2 * c + torch.sqrt((p * (4 - 4 * c + p)).clamp_min(0)))
+    s2m1 = s2m1.clamp_min(0)
+    sm1 = s2m1 / (1 + torch.sqrt(1 + s2m1))
+    return sm1 if minus_one else 1 + sm1
+
+
+class EigAccumulator:
+    """Fixed-size per-layer, per-head accumulators fed by model hooks (see module docstring).
+
+    ``acc.hooks()`` gives ``fwd_hooks`` for ``model.run_with_hooks`` / ``model.hooks``. Tensors
+    may be ``[B, T, H, ...]`` or packed ``[1, sum T, H, ...]``; ``lambda`` ``[H]`` or ``[B, T, H]``.
+    """
+
+    NEEDS = ("k", "b", "lambda", "d", "e", "rho", "Sd")
+
+    def __init__(self, n_layers: int, n_heads: int, head_dim: int, *, scale: float | None = None,
+                 layers=None, device="cpu"):
+        if head_dim < 2:
+            raise ValueError("EigAccumulator needs head_dim >= 2")
+        self.L, self.H, self.K = int(n_layers), int(n_heads), int(head_dim)
+        self.scale = float(head_dim ** -0.5 if scale is None else scale)
+        self.layers = list(range(self.L)) if layers is None else [int(x) for x in layers]
+        self.device = torch.device(device)
+        self.edges = {name: torch.linspace(lo, hi, n + 1, dtype=torch.float64)
+                      for name, (lo, hi, n) in BINS.items()}
+        self._edges_dev = {}
+        self.hist = {name: torch.zeros(self.L, self.H, n + 2, dtype=torch.int64)
+                     for name, (_, _, n) in BINS.items()}
+        self.counts = {name: torch.zeros(self.L, self.H, dtype=torch.int64) for name in COUNTS}
+        self.sum = {name: torch.zeros(self.L, self.H, dtype=torch.float64) for name in STATS}
+        self.sumsq = {name: torch.zeros(self.L, self.H, dtype=torch.float64) for name in STATS}
+        self.min = {name: torch.full((self.L, self.H), math.inf, dtype=torch.float64) for name in STATS}
+        self.max = {name: torch.full((self.L, self.H), -math.inf, dtype=torch.float64) for name in STATS}
+        self.e_recompute_maxdiff = 0.0
+        self.tokens = 0
+        self.meta = {}
+        self._pending = {}
+
+    # ------------------------------------------------------------------------------- hooks
+    def hooks(self):
+        out = []
+        for l in self.layers:
+            for name in self.NEEDS:
+                out.append((f"blocks.{l}.attn.hook_{name}", self._make_hook(l, name)))
+        return out
+
+    def _make_hook(self, layer, name):
+        def hook(x, hook=None):  # noqa: ARG001 - TransformerLens passes the HookPoint
+            slot = self._pending.setdefault(layer, {})
+            slot[name] = x.detach()
+            if len(slot) == len(self.NEEDS):
+                del self._pending[layer]
+                self.update(layer, slot)
+            return None
+        return hook
+
+    # ------------------------------------------------------------------------------ update
+    def _hist(self, name, layer, x):
+        """x: [N, H] float64 on any device -> add bucket counts to hist[name][layer]."""
+        lo, hi, n = BINS[name]
+        dev = x.device
+        key = (name, dev)
+        if key not in self._edges_dev:
+            self._edges_dev[key] = self.edges[name].to(dev)
+        idx = torch.bucketize(x, self._edges_dev[key], right=True)  # 0: < lo, n+1: >= hi
+        idx = torch.where(torch.isnan(x), torch.full_like(idx, n + 1), idx)
+        flat = idx + torch.arange(self.H, device=dev) * (n + 2)
+        counts = torch.bincount(flat.reshape(-1), minlength=self.H * (n + 2))
+        self.hist[name][layer] += counts.view(self.H, n + 2).cpu()
+
+    def _moments(self, name, layer, x):
+        finite = torch.isfinite(x)
+        xz = torch.where(finite, x, torch.zeros_like(x))
+        self.sum[name][layer] += xz.sum(0).cpu()
+        self.sumsq[name][layer] += (xz * xz).sum(0).cpu()
+        inf = torch.full_like(x, math.inf)
+        self.min[name][layer] = torch.minimum(self.min[name][layer], torch.where(finite, x, inf).min(0).values.cpu())
+        self.max[name][layer] = torch.maximum(self.max[name][layer], torch.where(finite, x, -inf).max(0).values.cpu())
+
+    @torch.no_grad()
+    def update(self, layer: int, t: dict) -> None:
+        """Reduce one layer's tensors (``k, b, lambda, d, e, rho, Sd``) into the accumulators."""
+        H, K = self.H, self.K
+        k = t["k"].double()
+        lead = k.shape[:-2]
+        n = int(np.prod(lead))
+        k = k.reshape(n, H, K)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
+        b = t["b"].double().reshape(n, H, K)
+        d = t["d"].double().reshape(n, H, K)
+        lam = t["lambda"].double()
+        lam = lam.expand(*lead, H).reshape(n, H) if lam.dim() == 1 else lam.reshape(n, H)
+        a = b * k + lam.unsqueeze(-1) * d
+        e = t["e"].double().reshape(n, H)
+        rho = t["rho"].double().reshape(n, H)
+        sd = torch.linalg.vector_norm(t["Sd"].double().reshape(n, H, -1), dim=-1)
+        corr = (lam * rho).abs() * self.scale * sd
+        sm1 = sigma_max_rank_one(k, a, minus_one=True)
+        e_re = 1 - (a * k).sum(-1)
+        diff = (e_re - e).abs()
+        if diff.numel():
+            self.e_recompute_maxdiff = max(self.e_recompute_maxdiff, float(diff.max()))
+        self._hist("e", layer, e)
+        self._hist("rho", layer, rho)
+        tiny = torch.tensor(0.0, dtype=torch.float64, device=e.device)
+        log = lambda x: torch.where(x > 0, torch.log10(x.clamp_min(1e-300)), tiny - math.inf)  # noqa: E731
+        self._hist("log10_sd", layer, log(sd))
+        self._hist("log10_corr", layer, log(corr))
+        self._hist("log10_sigma_m1", layer, log(sm1))
+        for name, x in (("e", e), ("rho", rho), ("sd", sd), ("corr", corr), ("sigma", 1 + sm1)):
+            self._moments(name, layer, x)
+        c = self.counts
+        c["n"][layer] += n
+        c["nan"][layer] += torch.isnan(e).sum(0).cpu()
+        c["e_lt0"][layer] += (e < 0).sum(0).cpu()
+        c["e_abs_gt1"][layer] += (e.abs() > 1).sum(0).cpu()
+        c["e_out01"][layer] += ((e <= 0) | (e >= 1)).sum(0).cpu()
+        gt1 = sm1 > 1e-12
+        c["sigma_gt1"][layer] += gt1.sum(0).cpu()
+        c["sigma_gt1_e_in"][layer] += (gt1 & (e.abs() < 1)).sum(0).cpu()
+        if layer == self.layers[0]:
+            self.tokens += n
+
+    # ------------------------------------------------------------------------------ output
+    def nbytes(self) -> int:
+        """Memory held by the accumulators (constant: independent of the tokens seen)."""
+        tensors = list(self.hist.values()) + list(self.counts.values()) + list(self.sum.values()) \
+            + list(self.sumsq.values()) + list(self.min.values()) + list(self.max.values())
+        return sum(x.numel() * x.element_size() for x in tensors)
+
+    def summary(self) -> dict:
+        """Per layer and head: counts, min / max / mean / std of each quantity."""
+        out = {"tokens": self.tokens, "scale": self.scale, "bins": {k: list(v) for k, v in BINS.items()},
+               "e_recompute_maxdiff": self.e_recompute_maxdiff, "meta": self.meta, "layers": []}
+        for l in self.layers:
+            heads = []
+            for h in range(self.H):
+                n = int(self.counts["n"][l, h])
+                row = {name: int(self.counts[name][l, h]) for name in COUNTS}
+                for name in STATS:
+                    mean = float(self.sum[name][l, h]) / n if n else math.nan
+                    var = float(self.sumsq[name][l, h]) / n - mean * mean if n else math.nan
+                    row[name] = {"min": float(self.min[name][l, h]), "max": float(self.max[name][l, h]),
+                                 "mean": mean, "std": math.sqrt(max(var, 0.0)) if n else math.nan}
+                heads.append(row)
+            out["layers"].append({"layer": l, "heads": heads})
+        return out
+
+    def arrays(self) -> dict:
+        arr = {}
+        for name in BINS:
+            arr[f"hist_{name}"] = self.hist[name].numpy()
+            arr[f"edges_{name}"] = self.edges[name].numpy()
+        for name in COUNTS:
+            arr[f"count_{name}"] = self.counts[name].numpy()
+        for name in STATS:
+            for kind, src in (("sum", self.sum), ("sumsq", self.sumsq), ("min", self.min), ("max", self.max)):
+                arr[f"{kind}_{name}"] = src[name].numpy()
+        arr["layers"] = np.array(self.layers)
+        return arr
+
+    def save(self, out, plots: bool = True) -> list[Path]:
+        """``eig.npz`` (histograms and moments), ``eig.json`` (summary) and PNG figures."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "eig.npz", out / "eig.json"]
+        np.savez_compressed(paths[0], **self.arrays())
+        paths[1].write_text(json.dumps(self.summary(), indent=1, default=float) + "\n")
+        if plots:
+            paths += self.plot(out)
+        return paths
+
+    def plot(self, out) -> list[Path]:
+        from .sweep import _plt
+        plt = _plt()
+        out = Path(out)
+        paths = []
+        L = len(self.layers)
+        cols = min(4, L)
+        rows = math.ceil(L / cols)
+        for name, xlabel, fname in (("e", "e_t = 1 - a_t . k_t", "eig_e_hist.png"),
+                                    ("log10_sigma_m1", "log10(sigma_max(M_t) - 1)", "eig_sigma_hist.png"),
+                                    ("log10_corr", "log10 |lam rho| scale ||S_bar^T d||", "eig_corr_hist.png"),
+                                    ("rho", "rho_t = q_t . k_t", "eig_rho_hist.png")):
+            lo, hi, n = BINS[name]
+            centers = 0.5 * (self.edges[name][1:] + self.edges[name][:-1]).numpy()
+            fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+            for j, l in enumerate(self.layers):
+                ax = axes[j // cols][j % cols]
+                for h in range(self.H):
+                    hist = self.hist[name][l, h, 1:-1].numpy()
+                    ax.step(centers, np.maximum(hist, 0.5), where="mid", lw=0.8, label=f"h{h}")
+                ax.set_yscale("log")
+                ax.set_title(f"layer {l}", fontsize=8)
+                ax.tick_params(labelsize=7)
+                if name == "e":
+                    for v in (0.0, 1.0):
+                        ax.axvline(v, color="k", lw=0.5, ls="--")
+            for j in range(L, rows * cols):
+                axes[j // cols][j % cols].axis("off")
+            axes[0][0].legend(fontsize=6, ncol=2)
+            fig.supxlabel(xlabel, fontsize=9)
+            fig.supylabel("tokens (log)", fontsize=9)
+            fig.tight_layout()
+            fig.savefig(out / fname, dpi=110)
+            plt.close(fig)
+            paths.append(out / fname)
+        # heat maps: min e, max e, fraction sigma > 1
+        fig, axes = plt.subplots(1, 3, figsize=(11, 0.4 * L + 2.0))
+        n = self.counts["n"][self.layers].double().clamp_min(1).numpy()
+        for ax, (title, data) in zip(axes, (("min e_t", self.min["e"][self.layers].numpy()),
+                                             ("max e_t", self.max["e"][self.layers].numpy()),
+                                             ("max sigma_max(M_t)", self.max["sigma"][self.layers].numpy()))):
+            im = ax.imshow(data, aspect="auto", cmap="viridis")
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_yticks(range(L))
+            ax.set_yticklabels(self.layers, fontsize=6)
+            fig.colorbar(im, ax=ax)
+        _ = n
+        fig.tight_layout()
+        fig.savefig(out / "eig_heatmaps.png", dpi=110)
+        plt.close(fig)
+        paths.append(out / "eig_heatmaps.png")
+        return paths
+
+
+# ------------------------------------------------------------------------------------ inputs
+def task_batches(task, tokenizer="bytes", *, length, samples, seed=0, batch_size=1, **task_kwargs):
+    """Yield ``LongTensor [B, T]`` batches of a NIAH task's prompts (right-padded with... nothing:
+    prompts of a batch are cut to the shortest one so that no padding enters the statistics)."""
+    from .tasks import NIAHTask
+    nt = task if hasattr(task, "sample") else NIAHTask(task, tokenizer, **task_kwargs)
+    for start in range(0, samples, batch_size):
+        ss = [nt.sample(length, i, samples=samples, seed=seed)
+              for i in range(start, min(samples, start + batch_size))]
+        T = min(len(s.input_ids) for s in ss)
+        yield torch.tensor([s.input_ids[:T] for s in ss], dtype=torch.long)
+
+
+def text_batches(path, tokenizer="bytes", *, length, samples, batch_size=1):
+    """Yield ``[B, length]`` windows of a text file's tokens (BOS first when the tokenizer has
+    one); the text is repeated when it is shorter than ``samples * length`` tokens."""
+    from qedprobe.tokenizer import load_tokenizer
+    tok = load_tokenizer(tokenizer)
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    ids = tok.encode(text)
+    if not ids:
+        raise ValueError(f"{path!r} has no tokens")
+    bos = [tok.bos_id] if tok.bos_id is not None else []
+    body = length - len(bos)
+    need = samples * body
+    if len(ids) < need:
+        ids = (ids * (need // len(ids) + 1))
+    windows = [bos + ids[i * body:(i + 1) * body] for i in range(samples)]
+    for start in range(0, samples, batch_size):
+        yield torch.tensor(windows[start:start + batch_size], dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------- runner
+def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=None,
+            allow_extrapolation=False, progress=False, total=None) -> EigAccumulator:
+    """Run ``batches`` (iterable of ``[B, T]`` id tensors) through ``model`` (a prefill pass) with
+    lambda scaled by ``s`` on ``layers`` x ``heads``; returns the filled :class:`EigAccumulator`."""
+    from qedprobe.model import strength as strength_cm
+    cfg = model.cfg
+    acc = EigAccumulator(cfg.num_hidden_layers, cfg.num_heads, cfg.head_dim, layers=record_layers)
+    acc.meta = {"s": float(s), "strength_layers": layers, "strength_heads": heads,
+                "arm": getattr(cfg, "arm", None)}
+    it = batches
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(batches, total=total, unit="batch", desc="eig")
+    device = model.device
+    with torch.inference_mode(), strength_cm(model, s, layers=layers, heads=heads, phase="all",
+                                             allow_extrapolation=allow_extrapolation):
+        for ids in it:
+            ids = ids.to(device)
+            model.run_with_hooks(ids, fwd_hooks=acc.hooks())
+            acc._pending.clear()
+    return acc

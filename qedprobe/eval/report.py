@@ -1,0 +1,212 @@
+"""Several sweeps side by side (arms, seeds): markdown tables, a figure and paired tests.
+
+    from qedprobe.eval.report import build_report
+    md = build_report(["runs/gdn2_seed0", "runs/qed_seed0"], labels=["GDN-2", "QED"], s=1.0,
+                      out="runs/report")
+
+Tables (Table 3 / Table 4 style):
+
+1. accuracy (%) per length (rows) and sweep (columns) at strength ``s``, with the Wilson 95%
+   interval and ``n``;
+2. paired tests of every sweep against the baseline (the first, or ``baseline=``) on the samples
+   both have, matched on ``(length, sample_id)`` *and* the prompt fingerprint ``prompt_sha`` (so
+   only identical prompts pair): ``b`` = right in the sweep, wrong in the baseline; ``c`` the
+   reverse; exact two-sided McNemar ``p``;
+3. for each sweep with several strengths, accuracy per length x s with the McNemar ``p`` against
+   its reference strength.
+
+The figure ``report.png`` plots accuracy vs length, one line per sweep (at strength ``s``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .stats import mcnemar_exact
+from .sweep import SweepError, _plt, _skey, load_results, summarize
+
+__all__ = ["load_sweep", "build_report", "paired_between"]
+
+
+def load_sweep(path, label=None) -> dict:
+    path = Path(path)
+    if not path.is_dir():
+        raise SweepError(f"{str(path)!r} is not a sweep folder")
+    rows = load_results(path)
+    cfg = {}
+    if (path / "config.json").is_file():
+        cfg = json.loads((path / "config.json").read_text())
+    if label is None:
+        label = path.name or str(path)
+    return {"path": str(path), "label": label, "rows": rows, "config": cfg}
+
+
+def _cells(rows, s):
+    """(length, sample_id) -> (correct, prompt_sha) at strength s."""
+    s = _skey(s)
+    return {(int(r["length"]), int(r["sample_id"])): (bool(r["correct"]), r.get("prompt_sha"))
+            for r in rows if _skey(r["s"]) == s}
+
+
+def paired_between(rows_a, rows_b, s_a=1.0, s_b=1.0) -> dict:
+    """Per length: McNemar between sweep A at ``s_a`` and B at ``s_b`` on identical prompts.
+
+    Returns ``{length: {"n_paired", "acc_a", "acc_b", "b", "c", "p", "unmatched"}}`` where ``b`` is
+    right in A and wrong in B, ``c`` the reverse, ``unmatched`` the shared ids whose prompts differ.
+    """
+    A, B = _cells(rows_a, s_a), _cells(rows_b, s_b)
+    out = {}
+    for length in sorted({k[0] for k in A} & {k[0] for k in B}):
+        keys = [k for k in A if k[0] == length and k in B]
+        same = [k for k in keys if A[k][1] == B[k][1]]
+        b = sum(1 for k in same if A[k][0] and not B[k][0])
+        c = sum(1 for k in same if B[k][0] and not A[k][0])
+        n = len(same)
+        out[length] = {"n_paired": n, "unmatched": len(keys) - n,
+                       "acc_a": (sum(A[k][0] for k in same) / n) if n else math.nan,
+                       "acc_b": (sum(B[k][0] for k in same) / n) if n else math.nan,
+                       "b": b, "c": c, "p": mcnemar_exact(b, c) if n else math.nan}
+    return out
+
+
+def _fmt_len(L):
+    return f"{L // 1024}K" if L % 1024 == 0 else str(L)
+
+
+def _fmt_p(p):
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "-"
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+
+
+def _pick_s(sweep, s):
+    have = sorted({_skey(r["s"]) for r in sweep["rows"]})
+    if _skey(s) in have:
+        return _skey(s)
+    if len(have) == 1:
+        return have[0]
+    raise SweepError(f"sweep {sweep['label']!r} has no rows at s = {s:g} (it has {have}); pass --s")
+
+
+def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None) -> str:
+    """Markdown report of the sweeps in ``paths``; with ``out``, also ``report.md`` and ``report.png``."""
+    paths = list(paths)
+    if not paths:
+        raise SweepError("report needs at least one sweep folder")
+    if labels is not None and len(labels) != len(paths):
+        raise SweepError(f"{len(labels)} labels for {len(paths)} sweeps")
+    sweeps = [load_sweep(p, None if labels is None else labels[j]) for j, p in enumerate(paths)]
+    if isinstance(baseline, str):
+        names = [sw["label"] for sw in sweeps]
+        if baseline not in names:
+            raise SweepError(f"baseline {baseline!r} is none of {names}")
+        baseline = names.index(baseline)
+    for sw in sweeps:
+        sw["s"] = _pick_s(sw, s)
+        sw["summary"] = {r["length"]: r for r in summarize(sw["rows"], None) if r["s"] == sw["s"]}
+    lengths = sorted({L for sw in sweeps for L in sw["summary"]})
+    lines = []
+    if title:
+        lines += [f"# {title}", ""]
+    task = sorted({r.get("task", "") for sw in sweeps for r in sw["rows"]})
+    lines += [f"Task: {', '.join(task)}. Accuracy % (Wilson 95% interval; n) at strength "
+              + ", ".join(f"s = {sw['s']:g}" for sw in sweeps[:1])
+              + ("" if len({sw['s'] for sw in sweeps}) == 1 else " (per-sweep s in the header)")
+              + ".", ""]
+    head = "| length | " + " | ".join(
+        sw["label"] + ("" if sw["s"] == sweeps[0]["s"] else f" (s={sw['s']:g})") for sw in sweeps) + " |"
+    lines += [head, "|---|" + "---|" * len(sweeps)]
+    for L in lengths:
+        cells = []
+        for sw in sweeps:
+            r = sw["summary"].get(L)
+            cells.append("-" if r is None else
+                         f"{100 * r['accuracy']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]; {r['n']}")
+        lines.append(f"| {_fmt_len(L)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    tests = {}
+    if len(sweeps) > 1:
+        base = sweeps[baseline]
+        lines += [f"Paired exact McNemar tests against **{base['label']}** on identical prompts "
+                  "(b = right in the arm, wrong in the baseline; c = the reverse).", "",
+                  "| arm | length | n paired | baseline % | arm % | b | c | p |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for j, sw in enumerate(sweeps):
+            if j == baseline:
+                continue
+            res = paired_between(sw["rows"], base["rows"], sw["s"], base["s"])
+            tests[sw["label"]] = res
+            if not res or all(v["n_paired"] == 0 for v in res.values()):
+                lines.append(f"| {sw['label']} | - | 0 | - | - | - | - | no shared prompts |")
+                continue
+            for L, v in res.items():
+                if not v["n_paired"]:
+                    continue
+                lines.append(f"| {sw['label']} | {_fmt_len(L)} | {v['n_paired']} | {100 * v['acc_b']:.1f} | "
+                             f"{100 * v['acc_a']:.1f} | {v['b']} | {v['c']} | {_fmt_p(v['p'])} |")
+        lines.append("")
+    for sw in sweeps:
+        strengths = sorted({_skey(r["s"]) for r in sw["rows"]})
+        if len(strengths) < 2:
+            continue
+        ref = sw["config"].get("ref_strength", 1.0)
+        summ = summarize(sw["rows"], ref)
+        cell = {(r["length"], r["s"]): r for r in summ}
+        lines += [f"**{sw['label']}**: accuracy % by strength s (McNemar p against s = {ref:g}; b/c).", "",
+                  "| length | " + " | ".join(f"s={x:g}" for x in strengths) + " |",
+                  "|---|" + "---|" * len(strengths)]
+        for L in sorted({r["length"] for r in summ}):
+            cells = []
+            for x in strengths:
+                r = cell.get((L, x))
+                if r is None:
+                    cells.append("-")
+                elif r["mcnemar_p"] is None or x == _skey(ref):
+                    cells.append(f"{100 * r['accuracy']:.1f}")
+                else:
+                    cells.append(f"{100 * r['accuracy']:.1f} (p={_fmt_p(r['mcnemar_p'])}; {r['b']}/{r['c']})")
+            lines.append(f"| {_fmt_len(L)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    md = "\n".join(lines)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(md + "\n")
+        (out / "report.json").write_text(json.dumps({
+            "sweeps": [{"path": sw["path"], "label": sw["label"], "s": sw["s"],
+                        "summary": list(sw["summary"].values())} for sw in sweeps],
+            "baseline": sweeps[baseline]["label"],
+            "paired_tests": {k: {str(L): v for L, v in res.items()} for k, res in tests.items()},
+        }, indent=2, default=float) + "\n")
+        _plot(sweeps, lengths, out / "report.png", title)
+    return md
+
+
+def _plot(sweeps, lengths, path, title):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for sw in sweeps:
+        pts = [(L, sw["summary"][L]) for L in lengths if L in sw["summary"]]
+        if not pts:
+            continue
+        x = [p[0] for p in pts]
+        y = [100 * p[1]["accuracy"] for p in pts]
+        err = [[100 * (p[1]["accuracy"] - p[1]["ci_low"]) for p in pts],
+               [100 * (p[1]["ci_high"] - p[1]["accuracy"]) for p in pts]]
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=f"{sw['label']} (s={sw['s']:g})")
+    if len(lengths) > 1:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([_fmt_len(L) for L in lengths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("accuracy (%), Wilson 95% CI")
+    ax.set_ylim(-3, 103)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
