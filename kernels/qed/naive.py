@@ -44,7 +44,7 @@ def prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, problem):
     return q, k, lam, d, erase_vector(k, b, lam, d)
 
 
-def _scan(q, k, wv, g, a, d, scale, state, want_sd):
+def token_scan(q, k, wv, g, a, d, scale, state, want_sd):
     """Token loop over ``[B, T, H, *]`` tensors from ``state`` ``[B, H, K, V]``."""
     outs, sds = [], []
     for t in range(q.shape[1]):
@@ -81,33 +81,38 @@ def qed_naive(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
         ``(o, final_state, probes)``: ``o`` ``[B, T, H, V]`` in ``v``'s dtype; state and probes
         in float32 (float64 for float64 inputs); ``None`` for what was not asked.
     """
-    P = check_qed_inputs("qed_naive", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
+    return run_scan("qed_naive", token_scan, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
+                    initial_state=initial_state, output_final_state=output_final_state,
+                    return_probes=return_probes, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)
+
+
+def run_scan(op, scan, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state, output_final_state,
+             return_probes, use_qk_l2norm, cu_seqlens):
+    """Check and prepare the inputs, then run ``scan`` once over the batch (or once per packed
+    sequence) and assemble ``(o, final_state, probes)``; shared by the PyTorch ops.
+
+    ``scan(q, k, wv, g, a, d, scale, state, want_sd) -> (o, state, Sd or None)`` works on
+    ``[B, T, H, *]`` tensors in the compute dtype from ``state`` ``[B, H, K, V]``.
+    """
+    P = check_qed_inputs(op, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
     ct = P.compute_dtype
     q, k, lam, d, a = prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, P)
-    wv, g_ = w.to(ct) * v.to(ct), g.to(ct)
-    outs, states, sds = [], [], []
-    for n, (row, bos, eos) in enumerate(P.seq_bounds):
-        span = slice(bos, eos)
-        if initial_state is None:
-            s0 = torch.zeros(1, P.H, P.K, P.V, dtype=ct, device=q.device)
-        else:
-            s0 = initial_state[n:n + 1]
-        pick = lambda x: x[row:row + 1, span]  # noqa: E731
-        o_n, s_n, sd_n = _scan(pick(q), pick(k), pick(wv), pick(g_), pick(a), pick(d),
-                               P.scale, s0, return_probes)
-        outs.append(o_n)
-        states.append(s_n)
-        sds.append(sd_n)
-    axis = 1 if cu_seqlens is not None else 0
-    o = torch.cat(outs, axis).to(v.dtype)
-    final_state = torch.cat(states, 0) if output_final_state else None
+    wv, g = w.to(ct) * v.to(ct), g.to(ct)
+    if initial_state is None:
+        initial_state = torch.zeros(P.N, P.H, P.K, P.V, dtype=ct, device=q.device)
+    if cu_seqlens is None:
+        o, final_state, sd = scan(q, k, wv, g, a, d, P.scale, initial_state, return_probes)
+    else:
+        parts = []
+        for n, (_, bos, eos) in enumerate(P.seq_bounds):
+            span = lambda x: x[:, bos:eos]  # noqa: E731
+            parts.append(scan(span(q), span(k), span(wv), span(g), span(a), span(d), P.scale,
+                              initial_state[n:n + 1], return_probes))
+        o = torch.cat([part[0] for part in parts], 1)
+        final_state = torch.cat([part[1] for part in parts], 0)
+        sd = torch.cat([part[2] for part in parts], 1) if return_probes else None
     probes = None
     if return_probes:
-        probes = {
-            "rho": (q * k).sum(-1),
-            "d": d,
-            "Sd": torch.cat(sds, axis),
-            "e": 1 - (a * k).sum(-1),
-        }
-    return o, final_state, probes
+        probes = {"rho": (q * k).sum(-1), "d": d, "Sd": sd, "e": 1 - (a * k).sum(-1)}
+    return o.to(v.dtype), final_state if output_final_state else None, probes

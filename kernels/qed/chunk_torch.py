@@ -1,0 +1,70 @@
+r"""Chunked QED forward in plain PyTorch: the fast, differentiable path for CPU tensors.
+
+Same recurrence as ``naive.py``; the same chunk algorithm as the Triton ``chunk.py``, written
+with dense tensors (chunks of ``CHUNK`` tokens, ``G`` the inclusive cumsum of ``g`` inside a
+chunk, ``S0`` the chunk-start state)::
+
+    Dec[t,j,c] = exp(G_{t,c} - G_{j,c})                   (j <= t, formed exactly per element)
+    A_kk[t,j]  = sum_c a_{t,c} k_{j,c} Dec[t,j,c]          (j < t)
+    R          = (I + A_kk)^{-1} (W V - (a e^G) S0)        (the residuals r_t of the chunk)
+    o_t        = (scale q_t e^{G_t})^T S0 + sum_{j<=t} scale (q_t . k_j)_Dec r_j
+    Sd_t       = (d_t e^{G_t})^T S0 + sum_{j<t} (d_t . k_j)_Dec r_j
+    S_next     = Diag(e^{G_last}) S0 + sum_j (k_j e^{G_last - G_j}) r_j^T
+
+Memory per chunk is ``B * H * CHUNK^2 * K`` for ``Dec``: meant for small models (notebooks,
+tests, CPU evaluation) and as an autograd path, not for 340M-scale GPU work.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .naive import run_scan
+
+CHUNK = 32
+
+
+def _chunked(x: torch.Tensor, n_chunks: int) -> torch.Tensor:
+    """``[B, T_pad, H, D]`` -> ``[B, H, NT, CHUNK, D]``."""
+    B, _, H, D = x.shape
+    return x.view(B, n_chunks, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+
+
+def chunk_scan(q, k, wv, g, a, d, scale, state, want_sd):
+    """Chunked scan over ``[B, T, H, *]`` tensors from ``state`` ``[B, H, K, V]`` (see module doc)."""
+    B, T, H, _ = q.shape
+    pad = -T % CHUNK
+    n_chunks = (T + pad) // CHUNK
+    # Padded tokens have k = a = wv = 0 and g = 0: they leave the state untouched.
+    q, k, wv, g, a, d = (_chunked(F.pad(x, (0, 0, 0, 0, 0, pad)), n_chunks) for x in (q, k, wv, g, a, d))
+    G = g.cumsum(-2)
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    diff = (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(~causal[..., None], float("-inf"))
+    dec = diff.exp()                                                       # [B,H,NT,t,j,K]
+    strict = torch.ones_like(causal).tril(-1)
+    scores = lambda x, mask: (x.unsqueeze(-2) * k.unsqueeze(-3) * dec).sum(-1) * mask  # noqa: E731
+    eye = torch.eye(CHUNK, dtype=q.dtype, device=q.device)
+    lower = eye + scores(a, strict)
+    u = torch.linalg.solve_triangular(lower, wv, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(lower, a * G.exp(), upper=False, unitriangular=True)
+    a_qk = scale * scores(q, causal)
+    a_dk = scores(d, strict) if want_sd else None
+    qg, dg = scale * q * G.exp(), d * G.exp()
+    k_tail = k * (G[..., -1:, :] - G).exp()
+    outs, sds = [], []
+    for n in range(n_chunks):
+        r = u[:, :, n] - w[:, :, n] @ state
+        outs.append(qg[:, :, n] @ state + a_qk[:, :, n] @ r)
+        if want_sd:
+            sds.append(dg[:, :, n] @ state + a_dk[:, :, n] @ r)
+        state = state * G[:, :, n, -1].exp().unsqueeze(-1) + k_tail[:, :, n].transpose(-1, -2) @ r
+    unchunk = lambda xs: torch.stack(xs, 2).flatten(2, 3).transpose(1, 2)[:, :T]  # noqa: E731
+    return unchunk(outs), state, unchunk(sds) if want_sd else None
+
+
+def qed_chunk_torch(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
+                    output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
+    """Chunked PyTorch QED forward (differentiable); arguments and returns as ``qed_naive``."""
+    return run_scan("qed_chunk_torch", chunk_scan, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
+                    initial_state=initial_state, output_final_state=output_final_state,
+                    return_probes=return_probes, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)
