@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMAND_MODULES = ("qedprobe.demo",)
+COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qedprobe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="qedprobe", description="Look inside QED linear-attention models and intervene on them.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
