@@ -46,7 +46,7 @@ def fla_layer_reference(attn, x):
     T = x.shape[1]
 
     def conv(proj, conv1d):
-        y = F.conv1d(proj(x).transpose(1, 2), conv1d.weight, conv1d.bias, padding=conv1d.kernel_size - 1,
+        y = F.conv1d(proj(x).transpose(1, 2), conv1d.weight, conv1d.bias, padding=conv1d.weight.shape[-1] - 1,
                      groups=conv1d.weight.shape[0])
         return F.silu(y[..., :T]).transpose(1, 2)
 
@@ -210,3 +210,16 @@ def test_convert_refuses_what_it_cannot_model(edit, config, match):
     edit(fla)
     with pytest.raises(ValueError, match=match):
         convert(fla, config)
+
+
+def test_fla_layer_state_dict_loads_unchanged_when_fla_layers_is_installed():
+    """With flash-linear-attention importable (not in CI), fla's own layer's weights load strictly."""
+    try:
+        from fla.layers.gdn2 import GatedDeltaNet2
+    except Exception as err:  # not installed, or its transformers dependency is missing
+        pytest.skip(f"fla.layers.gdn2 not importable: {err}")
+    fla = GatedDeltaNet2(hidden_size=D, head_dim=K, num_heads=H, layer_idx=0)
+    assert {k: tuple(v.shape) for k, v in fla.state_dict().items()} == fla_gdn2_layer_keys(H, K, V, D)
+    ours = tiny("full").blocks[0].attn
+    ours.load_state_dict({**fla.state_dict(), "theta": torch.zeros(H)}, strict=True)
+    assert torch.equal(ours.q_conv1d.weight, fla.q_conv1d.weight)
