@@ -59,6 +59,17 @@ def test_hook_names_and_shapes(model):
     torch.testing.assert_close(lam, 0.25 * torch.sigmoid(model.blocks[1].attn.theta.detach()))
 
 
+def test_pos_slice_cuts_the_position_axis(model):
+    x = ids()
+    _, full = model.run_with_cache(x)
+    _, last = model.run_with_cache(x, pos_slice=-1)
+    for name in ("blocks.0.attn.hook_b", "blocks.0.attn.hook_Sd", "blocks.0.attn.hook_rho", "hook_embed"):
+        assert torch.equal(last[name], full[name][:, -1:])  # TransformerLens keeps the axis
+    assert torch.equal(last["blocks.0.attn.hook_lambda"], full["blocks.0.attn.hook_lambda"])
+    _, one = model.run_with_cache(x[:1], pos_slice=(2, 5), remove_batch_dim=True)
+    assert torch.equal(one["blocks.1.attn.hook_e"], full["blocks.1.attn.hook_e"][0, 2:5])
+
+
 def test_probes_requested_only_when_hooked(model, monkeypatch):
     asked = []
     real = mixer_module.qed_attention

@@ -17,6 +17,7 @@ from torch import nn
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.utilities import Slice
 
 from . import checkpoint, generate as generation
 from .block import QEDBlock
@@ -97,10 +98,17 @@ class QEDModel(HookedRootModule):
         logits = F.linear(x, self.embeddings.weight) if self.lm_head is None else self.lm_head(x)
         return logits, (new_states if want_state else None)
 
-    def run_with_cache(self, *model_args, return_cache_object: bool = True,
-                       remove_batch_dim: bool = False, **kwargs):
-        """As ``HookedRootModule.run_with_cache``, returning an ``ActivationCache`` by default."""
+    def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
+                       pos_slice=None, **kwargs):
+        """As ``HookedRootModule.run_with_cache``, returning an ``ActivationCache`` by default.
+
+        ``pos_slice`` slices the position axis of every cached tensor (axis 1, or 0 without the
+        batch axis) and leaves per-head ``[H]`` lambda alone.
+        """
         out, cache = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
+        if pos_slice is not None:
+            pos, cut = int(not remove_batch_dim), Slice.unwrap(pos_slice)
+            cache = {k: cut.apply(v, dim=pos) if v.dim() > pos + 1 else v for k, v in cache.items()}
         if return_cache_object:
             cache = ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
         return out, cache
