@@ -87,6 +87,8 @@ class QEDModel(HookedRootModule):
             raise ValueError(f"QEDModel: `states` must hold one MixerState per layer "
                              f"({self.cfg.num_hidden_layers}), got {len(states)}")
         scales = lambda_scales(self, phase)
+        if scales is not None:
+            scales = scales.to(self.device)
         x = self.hook_embed(self.embeddings(input_ids))
         new_states = []
         for l, block in enumerate(self.blocks):
