@@ -1,0 +1,285 @@
+r"""The training loop: AdamW + WSD, bf16 autocast on CUDA, clipping, checkpoints, exact resume.
+
+One optimizer step ``s`` (0-based) reads rows ``s*R .. s*R + R - 1`` of :class:`TrainData`
+(``R = batch_size * accum``), splits them into ``accum`` micro-batches ``[batch_size, seq_len]``
+and minimises the mean next-token cross-entropy over the step's masked targets
+
+    loss_s = sum_{targets t in mask} CE(logits_t, target_t) / |mask|
+
+(``mask`` = non-PAD targets for ``loss="all"``, answer tokens for ``loss="answer"``; the
+denominator is the whole step's count, so accumulation gives the same gradient as one big
+batch). Parameters stay float32 (master weights); on CUDA the forward runs under
+``torch.autocast(dtype=bfloat16)``. Gradients are clipped to ``clip`` (global L2 norm), then
+AdamW steps with :func:`qedprobe.lam.param_groups` (``theta`` at ``theta_lr_mult`` x the rate, no
+weight decay) and the WSD schedule scales every group.
+
+Files in ``out_dir``:
+
+* ``loss.jsonl``: one JSON record per step, flushed when written (``step`` counts completed
+  steps, ``loss``, ``answer_loss``, ``answer_acc`` (teacher-forced, per answer token), ``lr``,
+  ``theta_lr``, ``grad_norm``, ``lambda_mean``, ``tokens``, ``wall_s``, ``step_s``);
+* ``train.log``: what happened (start, resume, warnings, checkpoints);
+* ``train_config.json``, ``step-NNNNNN/`` and ``latest`` (see :mod:`qedprobe.train.state`).
+
+Resume: calling :func:`train` again on the same ``out_dir`` with the same config restores the
+model, optimizer, scheduler, RNG states and data position (the step) from ``latest``, drops log
+records past that step, and continues; the result is bit-identical to an uninterrupted run on
+the same device and thread count.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from qedprobe.lam import param_groups
+from qedprobe.model import QEDConfig, QEDModel
+
+from .card import device_name, git_commit, write_model_card
+from .config import TrainConfig
+from .data import TrainData
+from .opcheck import backward_problem
+from .schedule import WSD, wsd_scheduler
+from .state import load_latest, load_model_weights, rng_state, save_checkpoint, set_rng_state
+
+LOG_NAME = "loss.jsonl"
+NOTES_NAME = "train.log"
+FINAL_WINDOW = 20
+"""The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` did: the last completed step, whether the run is complete, where the
+    exported model is (None until complete), the final loss and cumulative wall time."""
+
+    out_dir: Path
+    step: int
+    finished: bool
+    export_dir: Path | None
+    final_loss: float | None
+    wall_s: float
+    op_mode: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train: `device` is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
+    """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built)."""
+    torch.manual_seed(cfg.seed)
+    return QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, **cfg.model))
+
+
+def make_optimizer(cfg: TrainConfig, model: QEDModel) -> torch.optim.AdamW:
+    groups = param_groups(model, cfg.lr, cfg.weight_decay, cfg.theta_lr_mult)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+def mean_lambda(model: QEDModel) -> float:
+    """Mean trained ``lambda_h`` over layers and heads (0 for arm ``gdn2``)."""
+    with torch.no_grad():
+        return float(torch.stack([blk.attn.lam() for blk in model.blocks]).mean())
+
+
+@contextlib.contextmanager
+def op_mode(model: QEDModel, mode: str):
+    """Temporarily set the op every mixer calls (the config is shared by all mixers)."""
+    old, model.cfg.op_mode = model.cfg.op_mode, mode
+    try:
+        yield
+    finally:
+        model.cfg.op_mode = old
+
+
+def read_log(out_dir: Path) -> list[dict]:
+    """Records of ``out_dir/loss.jsonl`` (empty when there is none)."""
+    path = Path(out_dir) / LOG_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_log(out_dir: Path, step: int) -> None:
+    """Keep only records of steps ``<= step`` (a crash after a checkpoint leaves later ones)."""
+    kept = [r for r in read_log(out_dir) if r["step"] <= step]
+    (out_dir / LOG_NAME).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _note(out_dir: Path, message: str) -> None:
+    line = f"[{datetime.now(timezone.utc).isoformat(timespec='seconds')}] {message}"
+    print(line, file=sys.stderr, flush=True)
+    with open(out_dir / NOTES_NAME, "a") as fh:
+        fh.write(line + "\n")
+
+
+def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: torch.dtype, out_dir: Path) -> str:
+    """The op mode to train with: the configured one if its backward works, else the reference
+    (with a warning) when ``op_fallback``; otherwise a ``RuntimeError`` that says why."""
+    mode = model.cfg.op_mode
+    problem = backward_problem(model.cfg, device, dtype, mode)
+    if problem is None:
+        return mode
+    if mode == "naive" or not cfg.op_fallback:
+        raise RuntimeError(f"train: cannot train on {device}: {problem}. "
+                           + ("" if mode == "naive" else "Allow the PyTorch reference with op_fallback "
+                              "(--op-fallback) or train on CPU."))
+    fallback = backward_problem(model.cfg, device, dtype, "naive")
+    if fallback is not None:
+        raise RuntimeError(f"train: {problem}; the reference fallback fails too: {fallback}")
+    _note(out_dir, f"WARNING: {problem}. Training with the PyTorch reference op (mode 'naive', a "
+                   "token loop: slow). Checkpoints keep op_mode "
+                   f"{mode!r} in config.json.")
+    return "naive"
+
+
+def _step(model, batch, cfg: TrainConfig, device: torch.device, amp: bool) -> dict:
+    """Forward/backward over the step's micro-batches; returns summed statistics (tensors)."""
+    mask_key = "valid" if cfg.loss == "all" else "answer"
+    count = batch[mask_key].sum().clamp(min=1).to(device)
+    sums = torch.zeros(3, device=device, dtype=torch.float64)
+    for i in range(cfg.accum):
+        mb = {k: v[i * cfg.batch_size:(i + 1) * cfg.batch_size].to(device, non_blocking=True)
+              for k, v in batch.items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(mb["input_ids"])
+        ce = F.cross_entropy(logits.float().flatten(0, 1), mb["targets"].flatten(),
+                             reduction="none").view_as(mb["targets"])
+        objective = (ce * mb[mask_key]).sum()
+        (objective / count).backward()
+        with torch.no_grad():
+            hits = (logits.argmax(-1) == mb["targets"]) & mb["answer"]
+            sums += torch.stack([objective, (ce * mb["answer"]).sum(), hits.sum()]).double()
+    n_answer = batch["answer"].sum().clamp(min=1).item()
+    loss, answer_loss, answer_hits = sums.tolist()
+    return {"loss": loss / count.item(), "answer_loss": answer_loss / n_answer,
+            "answer_acc": answer_hits / n_answer}
+
+
+def _export(model, cfg: TrainConfig, data: TrainData, out_dir: Path, export_dir: Path,
+            records: list[dict], device: torch.device, op_used: str) -> float:
+    """bf16 copy of the model + ``MODEL_CARD.md`` into ``export_dir``; returns the final loss."""
+    frozen = copy.deepcopy(model).to(torch.bfloat16)
+    frozen.save_pretrained(export_dir)
+    last = records[-FINAL_WINDOW:]
+    final_loss = sum(r["loss"] for r in last) / len(last)
+    weights = export_dir / "model.safetensors"
+    summary = {
+        "arm": cfg.arm, "seed": cfg.seed, "steps": records[-1]["step"],
+        "tokens (rows x seq_len)": records[-1]["tokens"],
+        f"final loss (nats/token, mean of last {len(last)} steps, loss={cfg.loss!r})": f"{final_loss:.4f}",
+        "final answer loss / answer token accuracy (last step)":
+            f"{records[-1]['answer_loss']:.4f} / {records[-1]['answer_acc']:.4f}",
+        "final mean lambda": f"{records[-1]['lambda_mean']:.5f}",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weights file": f"{weights.stat().st_size / 2**20:.2f} MiB (bf16)",
+        "wall time": f"{records[-1]['wall_s']:.1f} s",
+        "device": device_name(device), "op used in training": op_used,
+        "date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "qedprobe commit": git_commit(), "torch": torch.__version__,
+        "run folder": str(out_dir),
+    }
+    write_model_card(export_dir, title=f"qedprobe {cfg.arm} seed {cfg.seed}", model_cfg=frozen.cfg.to_dict(),
+                     train_cfg=cfg.to_dict(), data=data.describe(), summary=summary)
+    return final_loss
+
+
+def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None = None,
+          max_seconds: float | None = None, callback=None) -> TrainResult:
+    """Train (or resume) the run ``cfg`` in ``out_dir``; see the module docstring.
+
+    ``export_dir`` (default ``out_dir/final``) receives the bf16 model and its card when the
+    run completes. ``until_step`` / ``max_seconds`` stop early (after a checkpoint) once that
+    many steps are done / this call has run that long; call again to continue.
+    ``callback(record)`` is called after every step.
+    """
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(f"train: `cfg` must be a TrainConfig, got {type(cfg).__name__}")
+    if until_step is not None and (isinstance(until_step, bool) or not isinstance(until_step, int) or until_step < 1):
+        raise ValueError(f"train: `until_step` must be a positive int or None, got {until_step!r}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"train: `max_seconds` must be positive or None, got {max_seconds!r}")
+    out_dir = Path(out_dir)
+    export_dir = out_dir / "final" if export_dir is None else Path(export_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.device)
+    amp = device.type == "cuda"
+    data = TrainData(cfg.seq_len, cfg.mixture, cfg.seed, cfg.tokenizer)
+    model = build_model(cfg, data.tokenizer.vocab_size).to(device)
+    optimizer = make_optimizer(cfg, model)
+    scheduler = wsd_scheduler(optimizer, WSD(cfg.steps, cfg.warmup_steps, cfg.decay_steps, cfg.min_lr_ratio))
+    start, wall = 0, 0.0
+    found = load_latest(out_dir)
+    if found is not None:
+        folder, state = found
+        diffs = cfg.differences(TrainConfig.from_dict(state["train_config"]))
+        if diffs:
+            raise ValueError(f"train: {out_dir} holds a run with another config ({'; '.join(diffs)}); "
+                             "use a new out_dir")
+        load_model_weights(model, folder)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        start, wall = state["step"], state["wall_s"]
+        _note(out_dir, f"resumed from {folder.name} (step {start})")
+    else:
+        _note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device}")
+    _truncate_log(out_dir, start)
+    cfg.save(out_dir / "train_config.json")
+    op_used = _choose_op(cfg, model, device, torch.bfloat16 if amp else torch.float32, out_dir)
+
+    def checkpoint(step: int) -> None:
+        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "rng": rng_state(), "wall_s": wall, "train_config": cfg.to_dict()}
+        folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
+        _note(out_dir, f"checkpoint {folder.name}")
+
+    rows, session_start = cfg.rows_per_step, time.perf_counter()
+    step = start
+    with open(out_dir / LOG_NAME, "a") as log, op_mode(model, op_used):
+        model.train()
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            record = _step(model, data.rows(step * rows, rows), cfg, device, amp)
+            if not all(map(lambda x: x == x and abs(x) != float("inf"), record.values())):
+                raise RuntimeError(f"train: non-finite loss at step {step + 1}: {record}")
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            step_s = time.perf_counter() - t0
+            wall += step_s
+            record = {"step": step, **record, "lr": lrs["main"], "theta_lr": lrs.get("theta"),
+                      "grad_norm": float(grad_norm), "lambda_mean": mean_lambda(model),
+                      "tokens": step * rows * cfg.seq_len, "wall_s": round(wall, 3),
+                      "step_s": round(step_s, 3)}
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            if callback is not None:
+                callback(record)
+            stop = (until_step is not None and step >= until_step) or \
+                   (max_seconds is not None and time.perf_counter() - session_start >= max_seconds)
+            if step % cfg.save_every == 0 or step == cfg.steps or stop:
+                checkpoint(step)
+            if stop and step < cfg.steps:
+                _note(out_dir, f"stopped at step {step} of {cfg.steps}; call again to resume")
+                return TrainResult(out_dir, step, False, None, None, wall, op_used)
+    records = read_log(out_dir)
+    final_loss = _export(model, cfg, data, out_dir, export_dir, records, device, op_used)
+    _note(out_dir, f"done: {step} steps, final loss {final_loss:.4f}; exported to {export_dir}")
+    return TrainResult(out_dir, step, True, export_dir, final_loss, wall, op_used)
