@@ -172,7 +172,8 @@ def run_sweep_cmd(args) -> int:
         config = {
             "samples_spec": {**nt.describe(), "samples": int(args.samples), "seed": int(args.seed)},
             "intervention": {"layers": layers, "heads": heads, "phase": args.phase},
-            "model": {"id": model_id, "config": _model_fingerprint(fake)},
+            "model": {"id": model_id, "config": _model_fingerprint(fake),
+                      "dtype": str(dtype).replace("torch.", "")},
             "lengths": lengths, "strengths": strengths, "ref_strength": args.ref_strength,
         }
         store = ResultsStore(args.out, config)

@@ -317,6 +317,13 @@ def _model_fingerprint(model) -> dict:
     return d
 
 
+def _model_dtype(model):
+    try:
+        return str(next(model.parameters()).dtype).replace("torch.", "")
+    except (AttributeError, StopIteration):
+        return None
+
+
 def _default_batch(length, device_type, batch_tokens):
     if device_type == "cuda":
         return max(1, int(batch_tokens) // int(length))
@@ -351,7 +358,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         "samples_spec": {**nt.describe(), "samples": int(samples), "seed": int(seed)},
         "intervention": {"layers": None if layers is None else list(layers),
                          "heads": None if heads is None else list(heads), "phase": phase},
-        "model": {"id": model_id, "config": _model_fingerprint(model)},
+        "model": {"id": model_id, "config": _model_fingerprint(model), "dtype": _model_dtype(model)},
         "lengths": lengths, "strengths": strengths, "ref_strength": ref_strength,
     }
     store = out if isinstance(out, ResultsStore) else ResultsStore(out, config)

@@ -1,0 +1,140 @@
+"""Benchmark (not a test): the Table-4 sweep grid on a randomly initialised model.
+
+Default: the paper's 340M shape (24 layers, hidden 1024, 6 heads x 128, vocab 32000), bf16 on
+CUDA, S-NIAH-1 with the byte tokenizer (ids < 259 fit the 32000 vocabulary; lengths are then in
+bytes), strengths -1,0,0.5,1,1.5,2, lengths 1K..32K, 500 samples: 18,000 rows, about 194M prompt
+tokens. Target: <= 10 minutes on one H200.
+
+    python bench/sweep.py                                  # the full grid (GPU)
+    python bench/sweep.py --samples 50 --lengths 1K,32K    # a quick look
+    python bench/sweep.py --tiny --device cpu --samples 2 --lengths 512 --strengths 0,1   # smoke
+
+It prints one JSON object: wall time, rows, prompt / generated tokens, prompt tokens per second,
+and where the time goes: prompt generation (CPU), prefill and decode passes (timed around
+``QEDModel.forward_with_state`` with a CUDA synchronisation, so the split costs a little),
+writing rows, summary + plots. A random model never emits EOS, so every prompt decodes
+``max_new_tokens`` tokens (the worst case).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+
+from qedprobe.eval.sweep import parse_float_list, parse_int_list, run_sweep
+from qedprobe.model import QEDConfig, QEDModel
+from qedprobe.tokenizer import ByteTokenizer
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="1K,2K,4K,8K,16K,32K")
+    ap.add_argument("--strengths", default="-1,0,0.5,1,1.5,2")
+    ap.add_argument("--samples", type=int, default=500)
+    ap.add_argument("--task", default="s-niah-1")
+    ap.add_argument("--arm", default="full")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--batch-tokens", type=int, default=2 ** 18, help="prompt tokens per generate call")
+    ap.add_argument("--batch-size", type=int, default=None, help="overrides --batch-tokens")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--tiny", action="store_true", help="2 layers, hidden 64 (CPU smoke run)")
+    ap.add_argument("--no-phase-timing", action="store_true", help="do not time prefill vs decode")
+    ap.add_argument("--out", default=None, help="sweep folder (default: a temporary one, removed)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    lengths = parse_int_list(args.lengths, "--lengths")
+    strengths = parse_float_list(args.strengths, "--strengths")
+    if args.tiny:
+        cfg = QEDConfig(vocab_size=ByteTokenizer.vocab_size, hidden_size=64, num_hidden_layers=2,
+                        num_heads=2, head_dim=16, arm=args.arm)
+    else:
+        cfg = QEDConfig(arm=args.arm)  # the paper's 340M layout
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    model = QEDModel(cfg).to(device=device, dtype=getattr(torch, args.dtype)).eval()
+    build_s = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in model.parameters())
+
+    phase = defaultdict(float)
+    calls = defaultdict(int)
+    if not args.no_phase_timing:
+        inner = model.forward_with_state
+
+        def timed(*a, **k):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            out = inner(*a, **k)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            name = k.get("phase", "prefill")
+            phase[name + "_s"] += time.perf_counter() - t
+            calls[name] += 1
+            return out
+
+        model.forward_with_state = timed
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    tmp = None
+    out = args.out
+    if out is None:
+        tmp = tempfile.TemporaryDirectory(prefix="qedprobe_bench_")
+        out = os.path.join(tmp.name, "sweep")
+    t0 = time.perf_counter()
+    run_sweep(model, "bytes", task=args.task, lengths=lengths, strengths=strengths,
+              samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
+              batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
+              model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
+              progress=not args.no_progress)
+    wall = time.perf_counter() - t0
+    t = dict(run_sweep.last_timing)
+    res = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "params": n_params,
+        "config": {k: v for k, v in cfg.to_dict().items()
+                   if k in ("hidden_size", "num_hidden_layers", "num_heads", "head_dim", "vocab_size", "arm")},
+        "dtype": args.dtype,
+        "grid": {"task": args.task, "lengths": lengths, "strengths": strengths, "samples": args.samples,
+                 "batch_tokens": args.batch_tokens, "batch_size": args.batch_size},
+        "rows": len(lengths) * len(strengths) * args.samples,
+        "model_build_s": round(build_s, 2),
+        "wall_s": round(wall, 2),
+        "prompt_tokens": t.get("prompt_tokens"),
+        "new_tokens": t.get("new_tokens"),
+        "prompt_tokens_per_s": round(t.get("prompt_tokens", 0) / wall, 1) if wall else None,
+        "time_s": {
+            "prompt_generation": round(t.get("generate_prompts_s", 0), 2),
+            "model_generate_calls": round(t.get("model_s", 0), 2),
+            "prefill_passes": round(phase.get("prefill_s", 0), 2) if phase else None,
+            "decode_passes": round(phase.get("decode_s", 0), 2) if phase else None,
+            "write_rows": round(t.get("write_s", 0), 2),
+            "summary_and_plots": round(t.get("summary_s", 0), 2),
+        },
+        "passes": dict(calls),
+        "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2)
+        if device.type == "cuda" else None,
+        "target_met": wall <= 600 if not args.tiny else None,
+    }
+    if phase:
+        res["prefill_tokens_per_s"] = round(t.get("prompt_tokens", 0) / phase["prefill_s"], 1) \
+            if phase.get("prefill_s") else None
+    json.dump(res, sys.stdout, indent=2)
+    print()
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
