@@ -5,7 +5,7 @@ import torch
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder, RunningStats, scale_lambda, zero_direction
 from qedprobe.model import strength
 
-from test_model import ids, tiny
+from _tiny import ids, tiny
 
 
 def test_running_stats_match_batch_statistics():

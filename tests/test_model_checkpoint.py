@@ -2,7 +2,6 @@
 against an independent composition of fla's GDN-2 layer on CPU."""
 import argparse
 import json
-import math
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from qedprobe.lam import random_directions
 from qedprobe.model import QEDConfig, QEDModel, strength
 from qedprobe.model.convert import convert, register
 
-from test_model import TINY, ids, tiny
+from _tiny import ids, tiny
 
 H, K, V, D = 2, 16, 16, 64
 
