@@ -1,7 +1,8 @@
 """``qed_recurrent`` (Triton, token by token) against the reference ``qed_naive``.
 
-On CPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1):
-float64 inputs must then match the float64 reference to ~1e-12. ``TestGPU`` runs only with CUDA.
+On CPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), with
+CUDA on the GPU: float64 inputs must match the float64 reference to ~1e-12 either way.
+``TestGPU`` (long sequences, bf16, fla) runs only with CUDA.
 """
 import pytest
 import torch
@@ -11,10 +12,11 @@ from qedprobe.lam import random_directions
 from qedprobe.ops import ARMS, qed_naive
 
 F64 = torch.float64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 
 
-def make_inputs(B=2, T=12, H=2, K=24, V=24, dtype=F64, seed=0, device="cpu"):
+def make_inputs(B=2, T=12, H=2, K=24, V=24, dtype=F64, seed=0, device=DEVICE):
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
     u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
@@ -23,11 +25,11 @@ def make_inputs(B=2, T=12, H=2, K=24, V=24, dtype=F64, seed=0, device="cpu"):
     return {n: t.to(device=device, dtype=dtype) for n, t in x.items()}
 
 
-def random_state(N, H, K, V, seed, dtype=F64, device="cpu"):
+def random_state(N, H, K, V, seed, dtype=F64, device=DEVICE):
     return torch.randn(N, H, K, V, generator=torch.Generator().manual_seed(seed), dtype=F64).to(device, dtype)
 
 
-def z_for(arm, H, K, dtype=F64, device="cpu"):
+def z_for(arm, H, K, dtype=F64, device=DEVICE):
     return random_directions(H, K, seed=3).to(device, dtype) if arm == "rand" else None
 
 
@@ -70,15 +72,15 @@ def test_every_arm_and_probe_matches_naive(arm):
 
 def test_worked_example_from_the_paper():
     """K=2, V=1, k=(1,0), q=(0.6,0.8), b=(0.5,0.5), S_bar=(2,3), w*v=1, lam=0.2: output 3.456."""
-    t = lambda *x: torch.tensor(x, dtype=F64).view(1, 1, 1, -1)  # noqa: E731
+    t = lambda *x: torch.tensor(x, dtype=F64, device=DEVICE).view(1, 1, 1, -1)  # noqa: E731
     o, s, p = qed_recurrent(t(0.6, 0.8), t(1.0, 0.0), t(1.0), t(0.0, 0.0), t(0.5, 0.5), t(1.0),
-                            torch.tensor([0.2], dtype=F64), arm="full", scale=1.0,
-                            initial_state=torch.tensor([2.0, 3.0], dtype=F64).view(1, 1, 2, 1),
+                            torch.tensor([0.2], dtype=F64, device=DEVICE), arm="full", scale=1.0,
+                            initial_state=torch.tensor([2.0, 3.0], dtype=F64, device=DEVICE).view(1, 1, 2, 1),
                             output_final_state=True, return_probes=True, use_qk_l2norm=False)
     assert o.item() == pytest.approx(3.456, abs=1e-14)
-    torch.testing.assert_close(s.flatten(), torch.tensor([1.76, 3.0], dtype=F64), **TIGHT)
+    torch.testing.assert_close(s.flatten().cpu(), torch.tensor([1.76, 3.0], dtype=F64), **TIGHT)
     assert p["rho"].item() == pytest.approx(0.6, abs=1e-14)
-    torch.testing.assert_close(p["d"].flatten(), torch.tensor([0.0, 0.4], dtype=F64), **TIGHT)
+    torch.testing.assert_close(p["d"].flatten().cpu(), torch.tensor([0.0, 0.4], dtype=F64), **TIGHT)
     assert p["Sd"].item() == pytest.approx(1.2, abs=1e-14)
     assert p["e"].item() == pytest.approx(0.5, abs=1e-14)
 
@@ -86,13 +88,13 @@ def test_worked_example_from_the_paper():
 @pytest.mark.parametrize("arm", ["full", "nogate_noproj"])
 def test_per_token_lam(arm):
     x = make_inputs(K=16, V=16, seed=3)
-    x["lam"] = torch.rand(2, 12, 2, dtype=F64, generator=torch.Generator().manual_seed(4)) - 0.5
+    x["lam"] = torch.rand(2, 12, 2, dtype=F64, generator=torch.Generator().manual_seed(4)).to(DEVICE) - 0.5
     assert_same(*both(x, arm=arm, output_final_state=True, return_probes=True), **TIGHT)
 
 
 def test_d_override_is_used_as_given():
     x = make_inputs(K=16, V=16, seed=5)
-    d = torch.randn(2, 12, 2, 16, dtype=F64, generator=torch.Generator().manual_seed(6))
+    d = torch.randn(2, 12, 2, 16, dtype=F64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     got, ref = both(x, arm="gdn2", d=d, output_final_state=True, return_probes=True)
     assert_same(got, ref, **TIGHT)
     torch.testing.assert_close(got[2]["d"], d, rtol=0, atol=0)
@@ -122,7 +124,7 @@ def test_two_halves_with_state_equal_one_run():
 
 def test_decode_steps_equal_one_run():
     x = make_inputs(T=6, K=16, V=16, seed=10)
-    x["lam"] = torch.rand(2, 6, 2, dtype=F64, generator=torch.Generator().manual_seed(11))
+    x["lam"] = torch.rand(2, 6, 2, dtype=F64, generator=torch.Generator().manual_seed(11)).to(DEVICE)
     o, s, _ = qed_recurrent(*x.values(), output_final_state=True)
     state, outs = None, []
     for t in range(6):
@@ -138,7 +140,7 @@ def test_cu_seqlens_equals_separate_runs():
     parts = [make_inputs(B=1, T=n, K=16, V=24, seed=20 + i) for i, n in enumerate(lengths)]
     packed = {n: torch.cat([p_[n] for p_ in parts], 1) if n != "lam" else parts[0]["lam"] for n in parts[0]}
     states = random_state(3, 2, 16, 24, seed=14)
-    cu = torch.tensor([0, 5, 6, 15], dtype=torch.int32)
+    cu = torch.tensor([0, 5, 6, 15], dtype=torch.int32, device=DEVICE)
     kw = dict(arm="rand", z=z_for("rand", 2, 16), output_final_state=True, return_probes=True)
     got, ref = both(packed, cu_seqlens=cu, initial_state=states, **kw)
     assert_same(got, ref, **TIGHT)

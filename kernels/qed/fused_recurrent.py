@@ -28,6 +28,11 @@ from .inputs import ARMS, check_qed_inputs
 MAX_HEAD_DIM = 256
 
 
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
 @triton.jit(do_not_specialize=["T"])
 def qed_recurrent_kernel(
     q, k, v, g, b, w, lam, z, d, o, h0, ht, cu_seqlens,
@@ -77,19 +82,33 @@ def qed_recurrent_kernel(
     while t < eos:  # a while loop: the interpreter cannot range() over program-id tensors
         i_tk = (t * H + i_h) * K + o_k
         i_tv = (t * H + i_h) * V + o_v
-        b_q = tl.load(q + i_tk, mask=mask_k, other=0).to(DT)
-        b_k = tl.load(k + i_tk, mask=mask_k, other=0).to(DT)
+        # Loads that keep their layout first, q and k last: fewer serial memory round trips.
         b_b = tl.load(b + i_tk, mask=mask_k, other=0).to(DT)
         b_g = tl.load(g + i_tk, mask=mask_k, other=0).to(DT)
         b_wv = (tl.load(w + i_tv, mask=mask_v, other=0).to(DT)
                 * tl.load(v + i_tv, mask=mask_v, other=0).to(DT))
         if LAM_PER_TOKEN:
             b_lam = tl.load(lam + t * H + i_h).to(DT)
-        if USE_QK_L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = tl.load(q + i_tk, mask=mask_k, other=0).to(DT)
+        b_k = tl.load(k + i_tk, mask=mask_k, other=0).to(DT)
 
-        # The erase direction d_t (ARMS order: gdn2, nogate_noproj, nogate, full, rand, noproj).
+        # Every dot product over K in one reduction. u: what the projected arms project
+        # (ARMS order: gdn2, nogate_noproj, nogate, full, rand, noproj).
+        if ARM == 3:
+            b_u = b_b * b_q
+        elif ARM == 4:
+            b_u = b_b * b_z
+        else:
+            b_u = b_q
+        qq, kk, qk, ku = tl.reduce((b_q * b_q, b_k * b_k, b_q * b_k, b_k * b_u), 0, _add4)
+        if USE_QK_L2NORM:
+            r_q = 1 / tl.sqrt(qq + 1e-6)
+            r_k = 1 / tl.sqrt(kk + 1e-6)
+            b_q *= r_q
+            b_k *= r_k
+            qk *= r_q * r_k
+            ku *= r_k if ARM == 4 else r_q * r_k
+
         if HAS_D:
             b_d = tl.load(d + i_tk, mask=mask_k, other=0).to(DT)
         elif ARM == 0:
@@ -97,11 +116,11 @@ def qed_recurrent_kernel(
         elif ARM == 1:
             b_d = b_q
         elif ARM == 2:
-            b_d = b_q - b_k * tl.sum(b_k * b_q)
+            b_d = b_q - b_k * ku
         elif ARM == 3:
-            b_d = b_b * b_q - b_k * tl.sum(b_k * b_b * b_q)
+            b_d = b_b * b_q - b_k * ku
         elif ARM == 4:
-            b_d = b_b * b_z - b_k * tl.sum(b_k * b_b * b_z)
+            b_d = b_b * b_z - b_k * ku
         else:
             b_d = b_b * b_q
         b_a = b_b * b_k + b_lam * b_d
@@ -110,11 +129,11 @@ def qed_recurrent_kernel(
         # o_t = S_t^T q = S_bar^T q + (k.q) r_t: both reads of S_bar are independent.
         b_sq = b_q * scale
         b_r = b_wv - tl.sum(b_h * b_a[:, None], 0)
-        b_o = tl.sum(b_h * b_sq[:, None], 0) + tl.sum(b_k * b_sq) * b_r
+        b_o = tl.sum(b_h * b_sq[:, None], 0) + scale * qk * b_r
         if STORE_PROBES:
             tl.store(sd_out + i_tv, tl.sum(b_h * b_d[:, None], 0).to(sd_out.dtype.element_ty), mask=mask_v)
             if i_v == 0:
-                tl.store(rho_out + t * H + i_h, tl.sum(b_q * b_k).to(rho_out.dtype.element_ty))
+                tl.store(rho_out + t * H + i_h, qk.to(rho_out.dtype.element_ty))
                 tl.store(e_out + t * H + i_h, (1 - tl.sum(b_a * b_k)).to(e_out.dtype.element_ty))
                 tl.store(d_out + i_tk, b_d.to(d_out.dtype.element_ty), mask=mask_k)
         b_h += b_k[:, None] * b_r[None, :]
