@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
-from qedprobe.model import strength
+from qedprobe.model import QEDModel, strength
 from qedprobe.model import mixer as mixer_module
 
 from _tiny import ids, tiny
@@ -304,3 +304,21 @@ def test_generate_bad_input(model, args, kwargs, match):
 def test_forward_bad_ids(model, bad):
     with pytest.raises(ValueError, match="QEDModel"):
         model(bad)
+
+
+@pytest.mark.parametrize("op_mode", ["chunk", "recurrent"])
+def test_triton_kernels_give_the_reference_cache(model, op_mode):
+    """The model through qedprobe's Triton kernels (the interpreter on CPU): same cache, incl.
+    probes, given d and packed sequences."""
+    import dataclasses
+    fast = QEDModel(dataclasses.replace(model.cfg, op_mode=op_mode))
+    fast.load_state_dict(model.state_dict())
+    x = ids()
+    with torch.no_grad():
+        _, ref = model.run_with_cache(x)
+        _, got = fast.run_with_cache(x)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-5)
+        cu = torch.tensor([0, 4, 11])
+        packed = fast.forward_with_state(x[:1], cu_seqlens=cu)[0]
+        torch.testing.assert_close(packed, model.forward_with_state(x[:1], cu_seqlens=cu)[0], rtol=1e-4, atol=1e-5)
