@@ -9,7 +9,8 @@ every parameter group is multiplied by
 
 with ``W = warmup_steps``, ``D = decay_steps`` and ``r = min_ratio``. The first step already
 has a non-zero rate (``1/W``), the first decay step has ``m = 1`` and the last one
-``r + (1 - r) / D``, so no step is wasted at rate zero. Because every group is scaled by the same
+``r + (1 - r) / D``, so no step is wasted at rate zero. Steps past ``total`` (``LambdaLR`` asks
+for ``m(total)`` after the last step) get ``r`` (``1`` when ``D = 0``). Because every group is scaled by the same
 ``m(s)``, the QED strength ``theta`` keeps its 10x learning rate (:func:`qedprobe.lam.param_groups`)
 through the whole schedule.
 
@@ -46,8 +47,7 @@ class WSD:
             raise ValueError(f"WSD: `step` must be >= 0, got {step}")
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
-        decay_start = self.total_steps - self.decay_steps
-        if step < decay_start:
+        if self.decay_steps == 0 or step < self.total_steps - self.decay_steps:
             return 1.0
         left = max(self.total_steps - step, 0)
         return self.min_ratio + (1.0 - self.min_ratio) * left / self.decay_steps

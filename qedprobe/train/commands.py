@@ -1,0 +1,103 @@
+"""``qedprobe train``: train (or resume) one QED checkpoint from a preset plus overrides.
+
+    qedprobe train --preset micro --arm full --out runs/micro-full --export checkpoints/micro-full
+    qedprobe train --preset small --arm gdn2 --seed 1 --out runs/gdn2-s1 --export checkpoints/gdn2-s1
+
+Running the same command again resumes from ``OUT/latest`` (the config must match).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from qedprobe.ops import ARMS, MODES
+
+from .config import DEVICES, LOSSES, PRESETS, TrainConfig
+from .data import MIXTURES
+from .trainer import train
+
+# CLI flag -> TrainConfig field (None values are not overrides)
+FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "batch_size",
+          "accum": "accum", "steps": "steps", "lr": "lr", "warmup": "warmup_steps",
+          "decay": "decay_steps", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
+          "clip": "clip", "loss": "loss", "mixture": "mixture", "save_every": "save_every",
+          "device": "device"}
+MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
+                "head_dim": "head_dim", "op_mode": "op_mode"}
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The preset with every given flag applied."""
+    overrides = {f: getattr(args, a) for a, f in FIELDS.items() if getattr(args, a) is not None}
+    model = {f: getattr(args, a) for a, f in MODEL_FIELDS.items() if getattr(args, a) is not None}
+    if args.no_op_fallback:
+        overrides["op_fallback"] = False
+    return TrainConfig.from_preset(args.preset, model=model, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as err:
+        print(f"qedprobe train: error: {err}", file=sys.stderr)
+        return 2
+    every = args.print_every
+
+    def show(rec: dict) -> None:
+        if every and (rec["step"] % every == 0 or rec["step"] == cfg.steps):
+            print(f"step {rec['step']:>6}/{cfg.steps}  loss {rec['loss']:.4f}  answer {rec['answer_loss']:.4f} "
+                  f"(acc {rec['answer_acc']:.3f})  lr {rec['lr']:.2e}  |g| {rec['grad_norm']:.2f}  "
+                  f"lambda {rec['lambda_mean']:.4f}  {rec['step_s']:.2f}s/step", flush=True)
+
+    result = train(cfg, args.out, export_dir=args.export, until_step=args.until_step,
+                   max_seconds=args.max_seconds, callback=show)
+    if result.finished:
+        print(f"done: {result.step} steps, final loss {result.final_loss:.4f}, {result.wall_s:.1f} s; "
+              f"model in {result.export_dir}")
+    else:
+        print(f"stopped at step {result.step}/{cfg.steps}; run the same command again to resume")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train or resume a small QED checkpoint (NIAH byte-level mixture)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="run folder (checkpoints, loss.jsonl, train.log)")
+    p.add_argument("--export", default=None, help="where the final bf16 model + MODEL_CARD.md go (default OUT/final)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small",
+                   help="micro: CPU, < 2 min; small: the GPU checkpoints (default)")
+    p.add_argument("--arm", choices=ARMS)
+    p.add_argument("--seed", type=int, help="initialisation and data seed")
+    g = p.add_argument_group("model (override the preset)")
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--layers", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--head-dim", type=int)
+    g.add_argument("--op-mode", choices=MODES, help="QED op the model calls (default auto)")
+    g = p.add_argument_group("data and optimisation (override the preset)")
+    g.add_argument("--mixture", choices=sorted(MIXTURES))
+    g.add_argument("--loss", choices=LOSSES, help="all: every non-PAD token (default); answer: answer values only")
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--batch-size", type=int, help="rows per micro-batch")
+    g.add_argument("--accum", type=int, help="micro-batches per step")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--lr", type=float, help="peak learning rate (theta gets 10x)")
+    g.add_argument("--warmup", type=int, help="warmup steps")
+    g.add_argument("--decay", type=int, help="decay steps at the end")
+    g.add_argument("--min-lr-ratio", type=float)
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--clip", type=float, help="gradient-norm clip")
+    g.add_argument("--save-every", type=int, help="checkpoint every N steps")
+    g = p.add_argument_group("running")
+    g.add_argument("--device", choices=DEVICES)
+    g.add_argument("--no-op-fallback", action="store_true",
+                   help="stop (instead of using the slow PyTorch reference) when the op has no backward")
+    g.add_argument("--threads", type=int, help="torch CPU threads")
+    g.add_argument("--until-step", type=int, help="stop after this step (checkpointed; rerun to resume)")
+    g.add_argument("--max-seconds", type=float, help="stop after this long (checkpointed; rerun to resume)")
+    g.add_argument("--print-every", type=int, default=10, help="print every N steps (0: never)")
+    p.set_defaults(func=run)

@@ -1,0 +1,233 @@
+"""The trainer: WSD schedule, data mixture, optimizer groups, op check, exact resume, CLI, micro checkpoints."""
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from qedprobe.eval.tasks import make_task
+from qedprobe.model import QEDModel
+from qedprobe.train import TrainConfig, TrainData, WSD, read_log, train
+from qedprobe.train import opcheck, trainer
+from qedprobe.train.commands import config_from_args, register
+from qedprobe.train.schedule import wsd_scheduler
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(model=dict(hidden_size=32, num_hidden_layers=1, num_heads=2, head_dim=8),
+            seq_len=512, batch_size=2, steps=4, warmup_steps=1, decay_steps=2, save_every=2, lr=3e-3)
+
+
+def tiny(**kw):
+    return TrainConfig.from_preset("micro", **{**TINY, **kw})
+
+
+# ------------------------------------------------------------------------------- schedule
+def test_wsd_values():
+    s = WSD(total_steps=10, warmup_steps=2, decay_steps=4, min_ratio=0.1)
+    expected = [0.5, 1, 1, 1, 1, 1, 1.0, 0.775, 0.55, 0.325]
+    assert [s(i) for i in range(10)] == pytest.approx(expected)
+    assert [WSD(4, 0, 0)(i) for i in range(5)] == [1.0] * 5
+    assert s(10) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(total_steps=0, warmup_steps=0, decay_steps=0), "total_steps"),
+    (dict(total_steps=5, warmup_steps=-1, decay_steps=0), "warmup_steps"),
+    (dict(total_steps=5, warmup_steps=3, decay_steps=3), "decay_steps"),
+    (dict(total_steps=5, warmup_steps=1, decay_steps=1, min_ratio=2), "min_ratio"),
+])
+def test_wsd_refuses_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        WSD(**kwargs)
+
+
+def test_theta_gets_ten_times_the_rate_through_the_schedule():
+    cfg = tiny(arm="full")
+    model = trainer.build_model(cfg, 259)
+    opt = trainer.make_optimizer(cfg, model)
+    sched = wsd_scheduler(opt, WSD(cfg.steps, cfg.warmup_steps, cfg.decay_steps))
+    groups = {g["name"]: g for g in opt.param_groups}
+    thetas = {id(m.attn.theta) for m in model.blocks}
+    assert {id(p) for p in groups["theta"]["params"]} == thetas
+    assert groups["theta"]["weight_decay"] == 0.0 and groups["main"]["weight_decay"] == cfg.weight_decay
+    for _ in range(cfg.steps):
+        assert groups["theta"]["lr"] == pytest.approx(10 * groups["main"]["lr"])
+        opt.step()
+        sched.step()
+
+
+def test_gdn2_has_no_theta_group():
+    cfg = tiny(arm="gdn2")
+    names = [g["name"] for g in trainer.make_optimizer(cfg, trainer.build_model(cfg, 259)).param_groups]
+    assert names == ["main"]
+
+
+# ------------------------------------------------------------------------------- data
+def test_rows_are_deterministic_and_well_formed():
+    a, b = TrainData(512, "short", seed=0), TrainData(512, "short", seed=0)
+    assert a.row(7) == b.row(7)
+    assert a.row(7) != a.row(8) and a.row(7) != TrainData(512, "short", seed=1).row(7)
+    batch = a.rows(3, 4)
+    assert batch["input_ids"].shape == batch["targets"].shape == (4, 512)
+    assert torch.equal(batch["input_ids"][:, 1:], batch["targets"][:, :-1])
+    assert torch.equal(batch["input_ids"][1], torch.tensor(a.row(4)[0][:-1]))
+    tok = a.tokenizer
+    for r in range(4):
+        ids = batch["input_ids"][r]
+        assert ids[0] == tok.bos_id
+        answer = tok.decode(batch["targets"][r][batch["answer"][r]].tolist())
+        assert re.fullmatch(r"( \d{7})+", answer), answer
+        text = tok.decode(ids.tolist())
+        for value in answer.split():  # the asked value is in a needle of the same row
+            assert text.count(value) >= 2
+    assert not (batch["answer"] & ~batch["valid"]).any()
+
+
+def test_seq_len_too_short_is_refused():
+    with pytest.raises(ValueError, match="seq_len"):
+        TrainData(256, "short")
+    with pytest.raises(ValueError, match="mixture"):
+        TrainData(512, "nope")
+
+
+NEEDLE_RE = re.compile(r"special magic (?:number|uuid)s? for (\S+) is: (\S+?)\.(?:\s|$)")
+ASKED_RE = re.compile(r"The special magic (?:number|uuid) for (\S+) mentioned in the provided text is")
+
+
+def test_training_documents_are_disjoint_from_evaluation_samples():
+    evals = []
+    for seed in (0, 1):
+        for name, kw in (("s-niah-1", {}), ("s-niah-2", {}), ("mk-niah", {"num_needles": 2})):
+            evals += make_task(name, **kw).samples(512, 40, seed=seed)
+    eval_prompts = {s.prompt for s in evals}
+    eval_pairs = {(s.key, s.answer) for s in evals}
+    data = TrainData(512, "short", seed=0)
+    tok, docs = data.tokenizer, []
+    for r in range(120):
+        ids = data.row(r)[0]
+        starts = [i for i, t in enumerate(ids) if t == tok.bos_id] + [len(ids)]
+        docs += [tok.decode(ids[a:b]) for a, b in zip(starts, starts[1:])]
+    assert len(docs) >= 120
+    train_pairs = {m for d in docs for m in NEEDLE_RE.findall(d)}
+    assert len(train_pairs) >= 120
+    assert not train_pairs & eval_pairs
+    assert not any(d.startswith(p) for d in docs for p in eval_prompts)
+
+
+# ------------------------------------------------------------------------------- optimisation
+def test_two_steps_lower_the_loss_on_a_fixed_batch():
+    cfg = tiny(steps=2, warmup_steps=0, decay_steps=0, lr=1e-2)
+    data = TrainData(cfg.seq_len, cfg.mixture, cfg.seed)
+    batch = data.rows(0, 2)
+    model = trainer.build_model(cfg, 259)
+    opt = trainer.make_optimizer(cfg, model)
+    losses = []
+    for _ in range(3):
+        losses.append(trainer._step(model, batch, cfg, torch.device("cpu"), amp=False)["loss"])
+        opt.step()
+        opt.zero_grad()
+    assert losses[2] < losses[1] < losses[0], losses
+
+
+def test_op_check_accepts_the_reference_and_catches_a_detached_op(monkeypatch):
+    cfg = trainer.build_model(tiny(), 259).cfg
+    assert opcheck.backward_problem(cfg, torch.device("cpu"), torch.float32, "naive") is None
+
+    real = opcheck.qed_attention
+
+    def detached(*args, mode, **kwargs):
+        o, s, p = real(*args, mode="naive", **kwargs)
+        return o.detach(), s, p
+    monkeypatch.setattr(opcheck, "qed_attention", detached)
+    problem = opcheck.backward_problem(cfg, torch.device("cpu"), torch.float32, "chunk")
+    assert "without a gradient graph" in problem
+
+
+def test_missing_backward_falls_back_with_a_warning_or_stops(tmp_path, monkeypatch):
+    real = opcheck.backward_problem
+    monkeypatch.setattr(trainer, "backward_problem",
+                        lambda cfg, dev, dt, mode: "no backward (test)" if mode == "chunk" else real(cfg, dev, dt, mode))
+    cfg = tiny(steps=1, warmup_steps=0, decay_steps=0, model={**TINY["model"], "op_mode": "chunk"})
+    result = train(cfg, tmp_path / "a")
+    assert result.op_mode == "naive"
+    assert "WARNING: no backward (test)" in (tmp_path / "a" / "train.log").read_text()
+    assert json.loads((tmp_path / "a" / "final" / "config.json").read_text())["op_mode"] == "chunk"
+    cfg.op_fallback = False
+    with pytest.raises(RuntimeError, match="cannot train on cpu: no backward"):
+        train(cfg, tmp_path / "b")
+
+
+# ------------------------------------------------------------------------------- resume
+def _weights(folder):
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def test_resume_after_interruption_is_bit_identical(tmp_path):
+    cfg = tiny()
+    full = train(cfg, tmp_path / "full")
+    assert full.finished and full.step == 4
+
+    part = tmp_path / "part"
+    assert not train(cfg, part, until_step=2).finished
+
+    def crash(record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt  # after step 3 was logged, before any checkpoint of it
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, part, callback=crash)
+    assert [r["step"] for r in read_log(part)] == [1, 2, 3]
+    resumed = train(cfg, part)
+    assert resumed.finished
+
+    for name in ("latest", "final"):
+        a, b = _weights(tmp_path / "full" / name), _weights(part / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    drop = ("wall_s", "step_s")
+    log_a = [{k: v for k, v in r.items() if k not in drop} for r in read_log(tmp_path / "full")]
+    log_b = [{k: v for k, v in r.items() if k not in drop} for r in read_log(part)]
+    assert [r["step"] for r in log_b] == [1, 2, 3, 4] and log_a == log_b
+    assert {"loss", "answer_loss", "answer_acc", "lr", "theta_lr", "grad_norm", "lambda_mean", "tokens"} <= log_b[0].keys()
+    assert sorted(p.name for p in part.glob("step-*")) == ["step-000002", "step-000004"]
+    card = (part / "final" / "MODEL_CARD.md").read_text()
+    assert "| steps | 4 |" in card and "final loss" in card and "niah_seed" in card
+    assert full.final_loss == pytest.approx(resumed.final_loss, abs=0)
+
+
+def test_resume_with_another_config_is_refused(tmp_path):
+    train(tiny(steps=2, decay_steps=1), tmp_path, until_step=1)
+    with pytest.raises(ValueError, match="lr: "):
+        train(tiny(steps=2, decay_steps=1, lr=1e-3), tmp_path)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(seq_len=0), "seq_len"), (dict(loss="x"), "loss"),
+                                      (dict(warmup_steps=3, decay_steps=3), "warmup_steps"),
+                                      (dict(model={"hiden_size": 4}), "model")])
+def test_config_refuses_bad_values(kw, name):
+    with pytest.raises(ValueError, match=name):
+        tiny(**kw)
+
+
+# ------------------------------------------------------------------------------- CLI and checkpoints
+def test_cli_flags_override_the_preset():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "--preset", "micro", "--out", "x", "--arm", "gdn2", "--seed", "1",
+                              "--hidden", "48", "--steps", "30", "--no-op-fallback"])
+    cfg = config_from_args(args)
+    assert (cfg.arm, cfg.seed, cfg.steps, cfg.op_fallback) == ("gdn2", 1, 30, False)
+    assert cfg.model["hidden_size"] == 48 and cfg.model["num_hidden_layers"] == 2
+    assert args.func.__name__ == "run"
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in (ROOT / "checkpoints").glob("micro-*")))
+def test_micro_checkpoints_load(folder):
+    path = ROOT / "checkpoints" / folder
+    model = QEDModel.from_pretrained(path)
+    assert model.embeddings.weight.dtype == torch.bfloat16
+    assert (path / "MODEL_CARD.md").is_file() and (path / "model.safetensors").stat().st_size < 16e6
+    with torch.no_grad():
+        logits = model.float()(torch.tensor([[256] + list(b"The grass is green.")]))
+    assert torch.isfinite(logits).all()
