@@ -8,9 +8,9 @@ Run on a CUDA machine from the repository root (qedprobe installed, e.g. ``pip i
 
 ``transformers``, ``transformer-lens`` and ``safetensors`` are not needed: when missing,
 ``fla.layers`` is imported without its package ``__init__`` (which pulls in transformers) and
-``qedprobe.model.mixer`` is imported without ``qedprobe.model/__init__`` (which pulls in
-transformer-lens and safetensors); the mixer's hook points then come from a stand-in identity
-module (no hook is used here).
+``qedprobe.model.mixer`` is imported without the ``__init__`` of ``qedprobe`` and
+``qedprobe.model`` (which pull in transformer-lens and safetensors); the mixer's hook points then
+come from a stand-in identity module (no hook is used here).
 
 For every case fla's layer is built with random weights, its ``state_dict`` is loaded into our
 ``QEDMixer`` unchanged (``strict=True``; QED arms also get ``theta``), and both run the same
@@ -63,7 +63,11 @@ def import_fla_layer():
 
 
 def import_qed_mixer():
-    if importlib.util.find_spec("transformer_lens") is None:
+    """``QEDConfig`` and ``QEDMixer``; without transformer-lens, import them without running
+    ``qedprobe/__init__`` and ``qedprobe/model/__init__`` and with a stand-in ``HookPoint``."""
+    try:
+        import transformer_lens.hook_points  # noqa: F401
+    except ModuleNotFoundError:
         class HookPoint(nn.Module):
             """Stand-in identity hook point (no hooks in this check)."""
 
@@ -78,6 +82,7 @@ def import_qed_mixer():
         for name in ("transformer_lens", "transformer_lens.hook_points"):
             sys.modules[name] = types.ModuleType(name)
         sys.modules["transformer_lens.hook_points"].HookPoint = HookPoint
+        _bare_package("qedprobe")
         _bare_package("qedprobe.model")
     from qedprobe.model.config import QEDConfig
     from qedprobe.model.mixer import QEDMixer
