@@ -29,6 +29,16 @@ MAX_HEAD_DIM = 256
 
 
 @triton.jit
+def _token_inputs(q, k, g, b, w, v, t, i_h, H, K, V, o_k, o_v, mask_k, mask_v):
+    """The raw ``q, k, g, b`` (K) and ``w, v`` (V) vectors of token ``t`` and head ``i_h``."""
+    i_tk = (t * H + i_h) * K + o_k
+    i_tv = (t * H + i_h) * V + o_v
+    return (tl.load(q + i_tk, mask=mask_k, other=0), tl.load(k + i_tk, mask=mask_k, other=0),
+            tl.load(g + i_tk, mask=mask_k, other=0), tl.load(b + i_tk, mask=mask_k, other=0),
+            tl.load(w + i_tv, mask=mask_v, other=0), tl.load(v + i_tv, mask=mask_v, other=0))
+
+
+@triton.jit
 def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
@@ -78,19 +88,20 @@ def qed_recurrent_kernel(
     if not LAM_PER_TOKEN:
         b_lam = tl.load(lam + i_h).to(DT)
 
+    # Each token's vectors are loaded one token ahead, so their memory latency hides behind the
+    # previous token's arithmetic (and the first token's behind the state load).
+    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, H, K, V, o_k, o_v, mask_k, mask_v)
     t = bos
     while t < eos:  # a while loop: the interpreter cannot range() over program-id tensors
         i_tk = (t * H + i_h) * K + o_k
         i_tv = (t * H + i_h) * V + o_v
-        # Loads that keep their layout first, q and k last: fewer serial memory round trips.
-        b_b = tl.load(b + i_tk, mask=mask_k, other=0).to(DT)
-        b_g = tl.load(g + i_tk, mask=mask_k, other=0).to(DT)
-        b_wv = (tl.load(w + i_tv, mask=mask_v, other=0).to(DT)
-                * tl.load(v + i_tv, mask=mask_v, other=0).to(DT))
+        b_q, b_k, b_g, b_b, b_w, b_v = nxt
+        t_next = tl.minimum(t + 1, eos - 1)  # the last token re-reads itself
+        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, H, K, V, o_k, o_v, mask_k, mask_v)
+        b_q, b_k, b_g, b_b = b_q.to(DT), b_k.to(DT), b_g.to(DT), b_b.to(DT)
+        b_wv = b_w.to(DT) * b_v.to(DT)
         if LAM_PER_TOKEN:
             b_lam = tl.load(lam + t * H + i_h).to(DT)
-        b_q = tl.load(q + i_tk, mask=mask_k, other=0).to(DT)
-        b_k = tl.load(k + i_tk, mask=mask_k, other=0).to(DT)
 
         # Every dot product over K in one reduction. u: what the projected arms project
         # (ARMS order: gdn2, nogate_noproj, nogate, full, rand, noproj).
