@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+pytest.importorskip("transformer_lens", reason="the hooked model needs transformer-lens")
+
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder, RunningStats, scale_lambda, zero_direction
 from qedprobe.model import strength
 

@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+pytest.importorskip("transformer_lens", reason="the hooked model needs transformer-lens")
+
 from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
 from qedprobe.model import QEDModel, strength
 from qedprobe.model import mixer as mixer_module

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+pytest.importorskip("transformer_lens", reason="the hooked model needs transformer-lens")
+
 from qedprobe.lam import random_directions
 from qedprobe.model import QEDConfig, QEDModel, strength
 from qedprobe.model.convert import convert, register
