@@ -2,9 +2,10 @@
 
     python bench/recurrent_decode.py            # needs CUDA; fla optional; writes $OUT/recurrent_decode.json
 
-``bench_decode(B, H, K, V, dtype)`` returns microseconds per step, median of
-``triton.testing.do_bench`` (as in /work/shared/anchors.md: includes any host-side gap between
-launches), plus the GPU-only time from CUDA-graph replays and the host time per call.
+``bench_decode(B, H, K, V, dtype)`` returns microseconds per step: the median of
+``triton.testing.do_bench`` (as in /work/shared/anchors.md; it includes any host-side gap between
+launches), the GPU-only time from CUDA-graph replays, and the host time per call; plus the
+relative error of ``o`` against ``qed_naive`` in float64 on the same inputs.
 """
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ from triton.testing import do_bench
 
 from qedprobe.kernels.qed import fused_recurrent
 from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
+from qedprobe.kernels.qed.naive import qed_naive
 
 GRAPH_CALLS = 20
 
 
-def _inputs(B, H, K, V, dtype):
+def _inputs(B, T, H, K, V, dtype):
     r = lambda *s, dt=dtype: torch.randn(*s, device="cuda", dtype=dt)  # noqa: E731
     u = lambda *s, dt=dtype: torch.rand(*s, device="cuda", dtype=dt)  # noqa: E731
-    return dict(q=r(B, 1, H, K), k=r(B, 1, H, K), v=0.5 * r(B, 1, H, V), g=-0.1 * u(B, 1, H, K, dt=torch.float32),
-                b=u(B, 1, H, K), w=u(B, 1, H, V), h0=r(B, H, K, V, dt=torch.float32),
-                lam=0.1 * u(H, dt=torch.float32))
+    return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=0.5 * r(B, T, H, V), g=-0.1 * u(B, T, H, K, dt=torch.float32),
+                b=u(B, T, H, K), w=u(B, T, H, V), lam=0.1 * u(H, dt=torch.float32),
+                h0=r(B, H, K, V, dt=torch.float32))
 
 
 def _times(fn):
@@ -35,11 +37,13 @@ def _times(fn):
     fn()
     torch.cuda.synchronize()
     bench_us = 1e3 * do_bench(fn, warmup=25, rep=200, return_mode="median")
-    n = 200
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host_us = 1e6 * (time.perf_counter() - t0) / n
+    host = []
+    for _ in range(5):  # fewer calls than the launch queue holds: the loop times the host alone
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            fn()
+        host.append(1e6 * (time.perf_counter() - t0) / 100)
     torch.cuda.synchronize()
     try:
         stream = torch.cuda.Stream()
@@ -54,18 +58,21 @@ def _times(fn):
     except RuntimeError as err:  # a kernel that cannot be captured: report no graph time
         print(f"graph capture failed: {err}", file=sys.stderr)
         graph_us = float("nan")
-    return bench_us, graph_us, host_us
+    return bench_us, graph_us, min(host)
 
 
-def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Microseconds per decode step (T=1, ``initial_state`` in, final state out, qk L2-norm in kernel)."""
-    x = _inputs(B, H, K, V, dtype)
+def bench_recurrent(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Microseconds per call of ``T`` tokens (``initial_state`` in, final state out, qk L2-norm in kernel)."""
+    x = _inputs(B, T, H, K, V, dtype)
     args = [x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")]
-    res = {"B": B, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""),
+    kw = dict(arm="full", initial_state=x["h0"], output_final_state=True)
+    res = {"B": B, "T": T, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""),
            "block_config": fused_recurrent._block_config(K, V, torch.float32)}
+    ref = qed_naive(*[a.double() for a in args], **{**kw, "initial_state": x["h0"].double()})[0]
+    o = qed_recurrent(*args, **kw)[0]
+    res["rel_err_o"] = ((o.double() - ref).norm() / ref.norm()).item()
     for name, probes in (("qed", False), ("qed_probes", True)):
-        fn = lambda p=probes: qed_recurrent(*args, arm="full", initial_state=x["h0"],  # noqa: E731
-                                            output_final_state=True, return_probes=p)
+        fn = lambda p=probes: qed_recurrent(*args, **kw, return_probes=p)  # noqa: E731
         res[f"{name}_us"], res[f"{name}_graph_us"], res[f"{name}_host_us"] = _times(fn)
     try:
         from fla.ops.gdn2 import fused_recurrent_gdn2
@@ -76,7 +83,13 @@ def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bflo
                                       use_qk_l2norm_in_kernel=True)
     res["fla_us"], res["fla_graph_us"], res["fla_host_us"] = _times(fn)
     res["qed_over_fla"] = res["qed_us"] / res["fla_us"]
+    res["qed_over_fla_graph"] = res["qed_graph_us"] / res["fla_graph_us"]
     return res
+
+
+def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """One decode step (T=1) with a carried state: see :func:`bench_recurrent`."""
+    return bench_recurrent(B, 1, H, K, V, dtype)
 
 
 def main() -> int:
@@ -84,22 +97,23 @@ def main() -> int:
         print("recurrent_decode: needs CUDA", file=sys.stderr)
         return 1
     rows = [bench_decode(16, 16, 128, 128, torch.bfloat16), bench_decode(16, 16, 64, 64, torch.bfloat16),
-            bench_decode(1, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16)]
-    # Sweep the launch configuration on the benchmark shape.
+            bench_decode(1, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16),
+            bench_recurrent(2, 1024, 16, 128, 128, torch.bfloat16)]
+    # Sweep the launch configuration (BV, num_warps) on the benchmark shape and at B=64.
     default = fused_recurrent._block_config
-    for cfg in [(8, 4), (16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]:
+    for cfg in [(16, 4), (32, 8), (64, 8)]:
         fused_recurrent._block_config = lambda K, V, dtype, c=cfg: c
-        rows.append(bench_decode(16, 16, 128, 128, torch.bfloat16))
+        rows += [bench_decode(16, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16)]
     fused_recurrent._block_config = default
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "recurrent_decode.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    cols = ["B", "H", "K", "V", "block_config", "qed_us", "qed_probes_us", "fla_us",
+    cols = ["B", "T", "K", "block_config", "rel_err_o", "qed_us", "qed_probes_us", "fla_us",
             "qed_graph_us", "qed_probes_graph_us", "fla_graph_us", "qed_host_us", "fla_host_us"]
     print(" | ".join(cols))
     for r in rows:
-        print(" | ".join(f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols))
+        print(" | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols))
     return 0
 
 
