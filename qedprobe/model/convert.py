@@ -137,7 +137,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     """Add the ``convert`` sub-command."""
     p = subparsers.add_parser("convert", help="convert an fla-style GDN-2 model checkpoint into a qedprobe model",
-                              description=__doc__.split("\n\n")[0])
+                              description="Turn an fla-style GDN-2 model checkpoint into a qedprobe model.")
     p.add_argument("input", help="fla checkpoint: a directory (model.safetensors[.index.json] or "
                                  "pytorch_model.bin, optional config.json) or a single weights file")
     p.add_argument("output", help="output directory (config.json + model.safetensors)")
