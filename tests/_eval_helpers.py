@@ -1,18 +1,17 @@
-"""Tiny byte-vocabulary QED models for the eval tests (CPU token loop: keep inputs short)."""
-import torch
+"""Tiny byte-vocabulary QED models for the eval tests (CPU token loop: keep inputs short).
 
-from qedprobe.model import QEDConfig, QEDModel
+Built with the shared ``tests/_tiny.py`` (distinct per-head lambda ~0.15-0.2) and a vocabulary
+that holds the byte tokenizer's 259 ids.
+"""
+from _tiny import tiny
+
 from qedprobe.tokenizer import ByteTokenizer
 
 
 def tiny_model(arm="full", seed=0):
-    torch.manual_seed(seed)
-    cfg = QEDConfig(vocab_size=ByteTokenizer.vocab_size, hidden_size=64, num_hidden_layers=2,
-                    num_heads=2, head_dim=16, arm=arm)
-    return QEDModel(cfg).eval()
+    return tiny(arm, seed, vocab_size=ByteTokenizer.vocab_size)
 
 
 def saved_tiny_model(folder, arm="full", seed=0):
-    m = tiny_model(arm, seed)
-    m.save_pretrained(folder)
+    tiny_model(arm, seed).save_pretrained(folder)
     return str(folder)

@@ -8,8 +8,9 @@ Python API (the CLI ``qedprobe sweep`` calls the same function)::
 
 Files in ``out``:
 
-* ``config.json``: what defines the samples and the intervention; a later run into the same
-  folder must agree on it (lengths and strengths may be added).
+* ``config.json``: what defines the samples, the model and the intervention; a later run into
+  the same folder must agree on it (lengths and strengths may be added). It is written with the
+  first row, so a run that fails before any work leaves no config behind.
 * ``results.jsonl``: one row per ``(length, s, sample_id)``, appended and fsync'ed batch by batch.
   A rerun skips the rows already there; a torn last line (a kill during a write) is cut off
   and its row recomputed, so no row is lost or duplicated.
@@ -132,11 +133,17 @@ class ResultsStore:
             merged["lengths"] = sorted(set(old.get("lengths", [])) | set(config.get("lengths", [])))
             merged["strengths"] = sorted(set(old.get("strengths", [])) | set(config.get("strengths", [])))
         self.config = merged
-        tmp = self.config_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.config_path)
+        self._config_changed = merged != old
         self.rows = self._load_and_repair()
         self.done = {(r["length"], _skey(r["s"]), r["sample_id"]) for r in self.rows}
+        self._fh = None  # config.json and results.jsonl are written at the first append
+
+    def _open(self):
+        if self._config_changed:
+            tmp = self.config_path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self.config_path)
+            self._config_changed = False
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def _load_and_repair(self) -> list[dict]:
@@ -172,6 +179,8 @@ class ResultsStore:
         """Append rows as one write, then flush and fsync."""
         if not rows:
             return
+        if self._fh is None:
+            self._open()
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
         self._fh.write(text)
         self._fh.flush()
