@@ -324,3 +324,15 @@ def test_triton_kernels_give_the_reference_cache(model, op_mode):
         cu = torch.tensor([0, 4, 11])
         packed = fast.forward_with_state(x[:1], cu_seqlens=cu)[0]
         torch.testing.assert_close(packed, model.forward_with_state(x[:1], cu_seqlens=cu)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_strength_other_than_one_on_a_gdn2_model_is_refused():
+    from qedprobe.model import QEDConfig, QEDModel, strength
+
+    model = QEDModel(QEDConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=2, head_dim=16,
+                               arm="gdn2"))
+    with strength(model, 1.0):
+        pass
+    with pytest.raises(ValueError, match="gdn2"):
+        with strength(model, 0.5):
+            pass

@@ -101,6 +101,8 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
         raise ValueError(f"strength: `s` must lie in [{lo}, {hi}] (the tested range), got "
                          f"{values.min().item():g}..{values.max().item():g}; "
                          "pass allow_extrapolation=True to go beyond it")
+    if cfg.arm == "gdn2" and bool((values != 1).any()):
+        raise ValueError("strength: `model` has arm 'gdn2', whose lambda is 0: only s = 1 (no change) applies")
     factor = torch.ones(cfg.num_hidden_layers, cfg.num_heads)
     factor[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = values
     entry = StrengthFactor(factor, phase)
