@@ -13,6 +13,7 @@ UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[
 @pytest.fixture(scope="module")
 def hf_tok(tmp_path_factory):
     """A tiny byte-level BPE trained here on the shipped prose (no download)."""
+    pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from qedprobe.eval.tasks import default_prose_path
@@ -102,9 +103,12 @@ def test_prose_haystack_from_file(tmp_path):
         NIAHTask("s-niah-1", num_needles=3)
 
 
-def test_mk_niah_needles():
-    t = make_task("mk-niah", num_needles=4)
+@pytest.mark.parametrize("haystack", ["prose", "noise"])
+def test_mk_niah_needles(haystack):
+    t = make_task("mk-niah", num_needles=4, haystack=haystack)
+    assert t.haystack == haystack and make_task("mk-niah").haystack == "prose"
     for s in t.samples(1500, 5, seed=2):
+        assert ("grass is green" in s.prompt) == (haystack == "noise")
         found = NEEDLE_RE.findall(_haystack(s))
         assert len(found) == 4
         keys = [k for _, k, _ in found]

@@ -57,6 +57,8 @@ def register(subparsers) -> None:
     p.add_argument("--ref-strength", type=float, default=1.0, help="McNemar reference strength")
     p.add_argument("--haystack-file", default=None, help="prose haystack for s-niah-2/3 (default: shipped text)")
     p.add_argument("--num-needles", type=int, default=None, help="needles in mk-niah (default 4)")
+    p.add_argument("--haystack", default=None, choices=("noise", "prose"),
+                   help="haystack of mk-niah (default prose; the other tasks have a fixed one)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
     p.add_argument("--no-progress", action="store_true")
@@ -151,7 +153,8 @@ def run_sweep_cmd(args) -> int:
             raise SweepError("--batch-size must be >= 1")
         try:
             nt = NIAHTask(args.task, args.tokenizer, haystack_file=args.haystack_file,
-                          num_needles=args.num_needles, max_new_tokens=args.max_new_tokens)
+                          num_needles=args.num_needles, max_new_tokens=args.max_new_tokens,
+                          haystack=args.haystack)
         except (TokenizerError, OSError, ValueError) as exc:
             raise SweepError(str(exc)) from None
         _validate(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation, None)

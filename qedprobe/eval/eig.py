@@ -23,6 +23,10 @@ not grow with the input length):
   the norm.) Histogram of ``log10(sigma_max - 1)`` on ``[-12, 1]``; count of ``sigma_max > 1``
   while ``|e| < 1`` (eigenvalues inside, norm above 1: non-normality).
 
+Single-probe running statistics (``e``, ``rho``, ``|Sd|``, ``|d|``, ``lambda``) also exist as
+``qedprobe.hooks.ProbeRecorder``; this module adds the joint quantities (``sigma_max`` from
+``k, b, lambda, d``; the correction from ``lambda, rho, Sd``), the range counts and the figures.
+
 Python::
 
     from qedprobe.eval.eig import run_eig, task_batches

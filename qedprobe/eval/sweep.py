@@ -342,10 +342,11 @@ def _default_batch(length, device_type, batch_tokens):
 def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, samples, seed=0,
               out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
               ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
-              max_new_tokens=None, model_id=None, progress=True, stop_after=None):
+              max_new_tokens=None, haystack=None, model_id=None, progress=True, stop_after=None):
     """Run (or resume) a strength sweep into ``out``; returns the summary rows.
 
-    ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode).
+    ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
+    written by ``save_pretrained`` (loaded on CUDA in bfloat16 when available, else CPU float32).
     ``tokenizer``: ``"bytes"``, a local HF folder or a tokenizer object.
     ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
     ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
@@ -356,9 +357,16 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     from qedprobe.model import strength as strength_cm
 
     t_start = time.perf_counter()
+    if isinstance(model, (str, os.PathLike)):
+        from qedprobe.model import QEDModel
+        model_id = model_id or str(Path(model).resolve())
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        model = QEDModel.from_pretrained(model, dtype=torch.bfloat16 if dev == "cuda" else torch.float32,
+                                         device=dev).eval()
     nt = task if isinstance(task, NIAHTask) else NIAHTask(task, tokenizer, haystack_file=haystack_file,
                                                           num_needles=num_needles,
-                                                          max_new_tokens=max_new_tokens)
+                                                          max_new_tokens=max_new_tokens,
+                                                          haystack=haystack)
     tok = nt.tokenizer
     lengths = [int(x) for x in lengths]
     strengths = [float(s) for s in strengths]

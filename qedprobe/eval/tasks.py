@@ -5,8 +5,9 @@ Tasks (``TASKS``):
 * ``s-niah-1``: haystack of the repeated noise text, one needle with a 7-digit number.
 * ``s-niah-2``: prose haystack (a text file), one needle with a 7-digit number.
 * ``s-niah-3``: prose haystack, one needle with a UUID.
-* ``mk-niah``: noise haystack (``haystack="prose"`` for prose), ``num_needles`` needles with
-  distinct keys and numbers; one of them is asked (the others are the interference).
+* ``mk-niah``: prose haystack (as RULER's MK-NIAH-1; ``haystack="noise"`` for the noise text),
+  ``num_needles`` (default 4) needles with distinct keys and numbers; one of them is asked, the
+  others are the interference.
 
 A prompt is::
 
@@ -135,7 +136,7 @@ class NIAHTask:
         tokenizer: ``"bytes"``, a local HF tokenizer folder, or a tokenizer object.
         haystack_file: prose file for the prose haystacks (default: the shipped text).
         num_needles: needles in ``mk-niah`` (default 4); 1 for the single-needle tasks.
-        haystack: ``"noise"`` or ``"prose"`` (only ``mk-niah`` may choose; default noise).
+        haystack: ``"noise"`` or ``"prose"`` (only ``mk-niah`` may choose; default prose).
         max_new_tokens: generation budget (default 16 for numbers, 48 for UUIDs).
     """
 
@@ -145,7 +146,7 @@ class NIAHTask:
             raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
         self.name = name
         self.tokenizer = load_tokenizer(tokenizer)
-        default_hay = {"s-niah-1": "noise", "s-niah-2": "prose", "s-niah-3": "prose", "mk-niah": "noise"}[name]
+        default_hay = {"s-niah-1": "noise", "s-niah-2": "prose", "s-niah-3": "prose", "mk-niah": "prose"}[name]
         if haystack is not None and name != "mk-niah" and haystack != default_hay:
             raise ValueError(f"task {name} uses the {default_hay} haystack")
         self.haystack = haystack or default_hay
