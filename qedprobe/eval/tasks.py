@@ -29,6 +29,7 @@ evenly over the samples.
 from __future__ import annotations
 
 import functools
+from array import array
 import hashlib
 import math
 import random
@@ -102,8 +103,7 @@ def _read_sentences(path: str) -> tuple:
 
 def prompt_sha(input_ids) -> str:
     """A short fingerprint of a prompt's token ids (pairs rows of different runs)."""
-    h = hashlib.sha1(",".join(str(int(i)) for i in input_ids).encode())
-    return h.hexdigest()[:16]
+    return hashlib.sha1(array("q", [int(i) for i in input_ids]).tobytes()).hexdigest()[:16]
 
 
 @dataclass
