@@ -21,10 +21,10 @@ def test_sigma_max_digest_example():
     assert float(sigma_max_rank_one(k, a)) >= float(torch.linalg.norm(M @ torch.tensor([0.0, 1.0], dtype=torch.float64)))
 
 
-@pytest.mark.parametrize("K", [2, 3, 16, 128])
+@pytest.mark.parametrize("K", [2, 3, 16, 64])
 def test_sigma_max_matches_svdvals(K):
     g = torch.Generator().manual_seed(K)
-    n = 200 if K < 100 else 40
+    n = 200 if K < 32 else 40
     k = torch.randn(n, K, generator=g, dtype=torch.float64)
     k[: n // 2] = k[: n // 2] / k[: n // 2].norm(dim=-1, keepdim=True)           # unit keys
     a = torch.randn(n, K, generator=g, dtype=torch.float64) * torch.rand(n, 1, generator=g, dtype=torch.float64) * 2
@@ -50,11 +50,11 @@ def _totals(acc, tokens):
 @pytest.mark.parametrize("arm", ["full", "nogate", "rand"])
 def test_projected_arms_stay_in_unit_interval(arm):
     model = tiny_model(arm)
-    B, T = 2, 128
-    ids = torch.randint(0, 256, (3, B, T), generator=torch.Generator().manual_seed(1))
+    B, T = 2, 96
+    ids = torch.randint(0, 256, (2, B, T), generator=torch.Generator().manual_seed(1))
     acc = run_eig(model, list(ids), s=2.0)
-    _totals(acc, 3 * B * T)
-    assert acc.tokens == 3 * B * T
+    _totals(acc, 2 * B * T)
+    assert acc.tokens == 2 * B * T
     assert (acc.counts["e_out01"] == 0).all() and (acc.counts["e_lt0"] == 0).all()
     assert (acc.min["e"] > 0).all() and (acc.max["e"] < 1).all()
     # the under/overflow and the bins outside (0, 1) are empty
