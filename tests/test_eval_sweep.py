@@ -141,6 +141,15 @@ def test_cli_errors_model_and_out(model_dir, tmp_path, capsys):
     assert "badmodel" in capsys.readouterr().err
 
 
+def test_gdn2_model_refuses_strengths_other_than_one(tmp_path, capsys):
+    gdn2 = saved_tiny_model(tmp_path / "g", arm="gdn2")
+    assert commands.main(["sweep", "--model", gdn2, "--out", str(tmp_path / "o"), "--lengths", str(L),
+                          "--strengths=0,1", "--no-progress"]) == 2
+    assert "gdn2" in capsys.readouterr().err and not (tmp_path / "o" / "results.jsonl").exists()
+    with pytest.raises(SweepError, match="gdn2"):
+        run_sweep(tiny_model("gdn2"), lengths=[L], strengths=[0.5], samples=1, out=tmp_path / "p", progress=False)
+
+
 def test_out_folder_with_other_config_and_lock(tmp_path):
     cfg = {"samples_spec": {"task": "a"}, "intervention": {}, "model": {}}
     store = ResultsStore(tmp_path / "o", cfg)

@@ -143,7 +143,7 @@ def _load_model(path, dev, dtype):
 def run_sweep_cmd(args) -> int:
     from qedprobe.tokenizer import TokenizerError
 
-    from .sweep import ResultsStore, _model_fingerprint, _validate, run_sweep
+    from .sweep import ResultsStore, _check_arm, _model_fingerprint, _validate, run_sweep
     from .tasks import NIAHTask
     try:
         lengths = parse_int_list(args.lengths, "--lengths")
@@ -159,6 +159,7 @@ def run_sweep_cmd(args) -> int:
             raise SweepError(str(exc)) from None
         _validate(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation, None)
         cfg = _model_config(args.model)
+        _check_arm(cfg, strengths)
         if nt.tokenizer.vocab_size > cfg.vocab_size:
             raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
                              f"model's vocabulary has {cfg.vocab_size}: wrong --tokenizer?")
@@ -239,6 +240,10 @@ def run_eig_cmd(args) -> int:
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
         cfg = _model_config(args.model)
+        from .sweep import _check_arm
+        _check_arm(cfg, [args.strength])
+        if not args.allow_extrapolation and not -1.0 <= args.strength <= 2.0:
+            raise SweepError(f"--strength {args.strength:g} is outside [-1, 2]; pass --allow-extrapolation")
         if tok.vocab_size > cfg.vocab_size:
             raise SweepError(f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has "
                              f"{cfg.vocab_size}: wrong --tokenizer?")

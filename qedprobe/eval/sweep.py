@@ -469,6 +469,13 @@ class _Stop(Exception):
     pass
 
 
+def _check_arm(cfg, strengths):
+    """A gdn2 model has lambda = 0: only s = 1 means anything (``strength`` refuses the rest)."""
+    if getattr(cfg, "arm", None) == "gdn2" and any(_skey(s) != 1.0 for s in strengths):
+        raise SweepError("the model has arm 'gdn2' (lambda = 0): strengths other than 1 do not apply; "
+                         "use --strengths 1 (compare arms with `qedprobe report`)")
+
+
 def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model):
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise SweepError(f"samples must be a positive integer, got {samples!r}")
@@ -491,6 +498,7 @@ def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model
                          f"(need >= {need} tokens)")
     if model is not None:
         cfg = getattr(model, "cfg", None)
+        _check_arm(cfg, strengths)
         vs = getattr(cfg, "vocab_size", None)
         if vs is not None and nt.tokenizer.vocab_size > vs:
             raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
