@@ -48,6 +48,7 @@ from .inputs import check_qed_inputs
 
 BT = 64
 BC = 16
+INTRA_CONFIG = {"BKS": 32, "num_warps": 4}
 
 
 def _interpreting() -> bool:
@@ -75,12 +76,19 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
     dev = q.device
     if ct == torch.float64:
         inter = torch.float64
-    elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and v.dtype == torch.bfloat16:
+    elif (q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and v.dtype == torch.bfloat16
+          and not _interpreting()):  # the interpreter's bf16 tl.dot is wrong (raw bits)
         inter = torch.bfloat16
     else:
         inter = torch.float32
     DT = _tl_dtype(ct)
-    PREC = "ieee" if ct == torch.float64 else "tf32"
+    # float64: ieee; float32 inputs: tf32x3 (float32-accurate products); bf16/fp16: tf32.
+    if ct == torch.float64:
+        PREC = "ieee"
+    elif inter == torch.float32 and all(x.dtype == torch.float32 for x in (q, k, v, b, w)):
+        PREC = "tf32x3"
+    else:
+        PREC = "tf32"
 
     q, k, v, g, b, w = (x.contiguous() for x in (q, k, v, g, b, w))
     lam = lam.to(ct).contiguous()
@@ -109,6 +117,7 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
     U = torch.empty(B, T, H, V, device=dev, dtype=inter)
     AQK = torch.empty(B, T, H, BT, device=dev, dtype=inter)
     GL = torch.empty(NC, H, K, device=dev, dtype=ct)
+    AKK = torch.empty(B, T, H, BT, device=dev, dtype=ct)  # scratch: A_kk, then its inverse
     if return_probes:
         DG = torch.empty_like(Wt)
         ADK = torch.empty_like(AQK)
@@ -119,17 +128,17 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
     else:
         DG = ADK = rho = eig = dpr = sd = None
 
-    BKS = min(64, triton.next_power_of_2(K))
+    BKS = min(INTRA_CONFIG["BKS"], triton.next_power_of_2(K))
     BVS = min(64, triton.next_power_of_2(V))
     qed_intra_kernel[grid1](
         q, k, v, g, b, w, lam, zt, d_in,
-        Wt, U, KG, QG, DG if return_probes else Wt, AQK, ADK if return_probes else AQK, GL,
+        Wt, U, KG, QG, DG if return_probes else Wt, AQK, ADK if return_probes else AQK, AKK, GL,
         rho if return_probes else GL, eig if return_probes else GL, dpr if return_probes else Wt,
         cu, chunk_indices, T, P.scale,
         H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
         ARM=arm_code, LAM_TOKEN=P.lam_per_token, L2NORM=bool(use_qk_l2norm),
         IS_VARLEN=cu_seqlens is not None, PROBES=bool(return_probes), DT=DT, PREC=PREC, SPAN=SPAN_MAX,
-        num_warps=4, num_stages=1,
+        num_warps=INTRA_CONFIG["num_warps"], num_stages=1,
     )
 
     o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
