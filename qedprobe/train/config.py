@@ -24,8 +24,8 @@ DEVICES = ("auto", "cpu", "cuda")
 PRESETS = {
     # Trains on 2 CPU cores in under two minutes; for tests and plumbing, not for retrieval.
     "micro": dict(model=dict(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16),
-                  seq_len=512, batch_size=4, steps=24, lr=3e-3, warmup_steps=4, decay_steps=8,
-                  mixture="short", save_every=12, device="cpu"),
+                  seq_len=512, batch_size=8, steps=200, lr=3e-3, warmup_steps=20, decay_steps=60,
+                  mixture="short", save_every=100, device="cpu"),
     # The GPU shape for the six arms x two seeds (6.78M parameters, 12.9 MiB as bf16).
     "small": dict(model=dict(hidden_size=256, num_hidden_layers=6, num_heads=2, head_dim=128),
                   seq_len=2048, batch_size=32, steps=3000, lr=1e-3, warmup_steps=200, decay_steps=600,

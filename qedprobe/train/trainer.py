@@ -17,7 +17,7 @@ Files in ``out_dir``:
 
 * ``loss.jsonl``: one JSON record per step, flushed when written (``step`` counts completed
   steps, ``loss``, ``answer_loss``, ``answer_acc`` (teacher-forced, per answer token), ``lr``,
-  ``theta_lr``, ``grad_norm``, ``lambda_mean``, ``tokens``, ``wall_s``, ``step_s``);
+  ``theta_lr``, ``grad_norm``, ``lambda_mean``, ``tokens``, ``wall_s`` (cumulative), ``step_s`` (seconds since the previous record));
 * ``train.log``: what happened (start, resume, warnings, checkpoints);
 * ``train_config.json``, ``step-NNNNNN/`` and ``latest`` (see :mod:`qedprobe.train.state`).
 
@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +54,8 @@ from .state import load_latest, load_model_weights, rng_state, save_checkpoint, 
 
 LOG_NAME = "loss.jsonl"
 NOTES_NAME = "train.log"
+FALLBACK_OPS = ("torch", "naive")
+"""Differentiable PyTorch ops tried, in order, when the configured op has no backward."""
 FINAL_WINDOW = 20
 """The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
 
@@ -127,23 +131,38 @@ def _note(out_dir: Path, message: str) -> None:
 
 
 def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: torch.dtype, out_dir: Path) -> str:
-    """The op mode to train with: the configured one if its backward works, else the reference
-    (with a warning) when ``op_fallback``; otherwise a ``RuntimeError`` that says why."""
+    """The op mode to train with: the configured one if its backward works; otherwise, when
+    ``op_fallback``, the first of ``FALLBACK_OPS`` that works (with a warning in ``train.log``);
+    otherwise a ``RuntimeError`` that says why."""
     mode = model.cfg.op_mode
     problem = backward_problem(model.cfg, device, dtype, mode)
     if problem is None:
         return mode
-    if mode == "naive" or not cfg.op_fallback:
-        raise RuntimeError(f"train: cannot train on {device}: {problem}. "
-                           + ("" if mode == "naive" else "Allow the PyTorch reference with op_fallback "
-                              "(--op-fallback) or train on CPU."))
-    fallback = backward_problem(model.cfg, device, dtype, "naive")
-    if fallback is not None:
-        raise RuntimeError(f"train: {problem}; the reference fallback fails too: {fallback}")
-    _note(out_dir, f"WARNING: {problem}. Training with the PyTorch reference op (mode 'naive', a "
-                   "token loop: slow). Checkpoints keep op_mode "
-                   f"{mode!r} in config.json.")
-    return "naive"
+    if not cfg.op_fallback:
+        raise RuntimeError(f"train: cannot train on {device}: {problem}. Allow the differentiable "
+                           f"PyTorch ops {FALLBACK_OPS} with op_fallback (drop --no-op-fallback) or "
+                           "train on CPU.")
+    problems = [problem]
+    for fallback in (m for m in FALLBACK_OPS if m != mode):
+        found = backward_problem(model.cfg, device, dtype, fallback)
+        if found is None:
+            _note(out_dir, f"WARNING: {problem}. Training with the differentiable PyTorch op "
+                           f"(mode {fallback!r}) instead; checkpoints keep op_mode {mode!r} in config.json.")
+            return fallback
+        problems.append(found)
+    raise RuntimeError(f"train: cannot train on {device}: " + "; ".join(problems))
+
+
+def _batches(data: TrainData, rows: int, start: int, stop: int):
+    """The batches of steps ``start .. stop - 1``; the next one is built in a background thread
+    while the current step runs (rows are pure functions of their index, so order is kept)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ahead = pool.submit(data.rows, start * rows, rows)
+        for step in range(start, stop):
+            batch = ahead.result()
+            if step + 1 < stop:
+                ahead = pool.submit(data.rows, (step + 1) * rows, rows)
+            yield batch
 
 
 def _step(model, batch, cfg: TrainConfig, device: torch.device, amp: bool) -> dict:
@@ -251,10 +270,10 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
     step = start
     with open(out_dir / LOG_NAME, "a") as log, op_mode(model, op_used):
         model.train()
-        while step < cfg.steps:
-            t0 = time.perf_counter()
-            record = _step(model, data.rows(step * rows, rows), cfg, device, amp)
-            if not all(map(lambda x: x == x and abs(x) != float("inf"), record.values())):
+        t0 = time.perf_counter()
+        for batch in _batches(data, rows, start, cfg.steps):
+            record = _step(model, batch, cfg, device, amp)
+            if not all(map(math.isfinite, record.values())):
                 raise RuntimeError(f"train: non-finite loss at step {step + 1}: {record}")
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
@@ -262,7 +281,7 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            step_s = time.perf_counter() - t0
+            step_s, t0 = time.perf_counter() - t0, time.perf_counter()
             wall += step_s
             record = {"step": step, **record, "lr": lrs["main"], "theta_lr": lrs.get("theta"),
                       "grad_norm": float(grad_norm), "lambda_mean": mean_lambda(model),
