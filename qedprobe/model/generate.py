@@ -84,8 +84,9 @@ def generate(model, prompts, max_new_tokens: int, *, eos_token_id: int | None = 
     ids = torch.tensor([[t for s in seqs for t in s]], dtype=torch.long, device=device)
     ends = torch.tensor([len(s) for s in seqs], device=device).cumsum(0)
     cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
-    logits, states = model.forward_with_state(ids, cu_seqlens=cu_seqlens, phase="prefill", want_state=True)
-    last = logits[0, ends - 1]
+    logits, states = model.forward_with_state(ids, cu_seqlens=cu_seqlens, phase="prefill", want_state=True,
+                                              logit_positions=ends - 1)
+    last = logits[0]
     done = [False] * len(seqs)
     for step in range(max_new_tokens):
         tokens = next_tokens(last, do_sample=do_sample, temperature=temperature, top_k=top_k,

@@ -74,11 +74,12 @@ class QEDModel(HookedRootModule):
 
     def forward_with_state(self, input_ids: torch.Tensor, *, states: list[MixerState] | None = None,
                            cu_seqlens: torch.Tensor | None = None, phase: str = "prefill",
-                           want_state: bool = False):
+                           want_state: bool = False, logit_positions: torch.Tensor | None = None):
         """Logits and, with ``want_state``, one :class:`MixerState` per layer to continue from.
 
         ``states`` continues N sequences; ``cu_seqlens`` ``[N + 1]`` packs N sequences in one
-        row (B = 1); ``phase`` (``"prefill"`` / ``"decode"``) picks the strength factors.
+        row (B = 1); ``phase`` (``"prefill"`` / ``"decode"``) picks the strength factors;
+        ``logit_positions`` ``[P]`` computes logits ``[B, P, vocab]`` at those positions only.
         """
         if phase not in PHASES:
             raise ValueError(f"QEDModel: `phase` must be one of {PHASES}, got {phase!r}")
@@ -96,6 +97,8 @@ class QEDModel(HookedRootModule):
                              state=None if states is None else states[l],
                              cu_seqlens=cu_seqlens, want_state=want_state)
             new_states.append(state)
+        if logit_positions is not None:
+            x = x[:, logit_positions]
         x = self.norm(x)
         logits = F.linear(x, self.embeddings.weight) if self.lm_head is None else self.lm_head(x)
         return logits, (new_states if want_state else None)
