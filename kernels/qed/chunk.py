@@ -144,18 +144,28 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
     o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
     ht = torch.empty(N, H, K, V, device=dev, dtype=ct) if output_final_state else None
     BK = triton.next_power_of_2(K)
-    BV = 64 if BK <= 128 else 32
+    BV = 64 if (BK <= 128 and ct != torch.float64) else 32
     BV = min(BV, triton.next_power_of_2(V))
+    # bf16 tiles with K <= 128 are pipelined two deep (measured on an H200); float32 / float64
+    # [64, K] tiles do not fit twice in shared memory (K=128 asked 295 KB / 426 KB of the 227 KB
+    # with two stages), nor do bf16 ones with K=256: one stage there.
+    stages = 2 if (inter == torch.bfloat16 and BK <= 128) else 1
     h0 = initial_state.contiguous() if initial_state is not None else None
-    qed_scan_kernel[(triton.cdiv(V, BV), N * H)](
-        Wt, U, KG, QG, DG if return_probes else QG, AQK, ADK if return_probes else AQK, GL,
-        h0 if h0 is not None else GL, o, sd if return_probes else o, ht if ht is not None else GL,
-        cu, chunk_offsets, T,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None,
-        PROBES=bool(return_probes), DT=DT, PREC=PREC, WHILE_LOOP=_interpreting(),
-        num_warps=4 if BK <= 128 else 8, num_stages=2,
-    )
+    try:
+        qed_scan_kernel[(triton.cdiv(V, BV), N * H)](
+            Wt, U, KG, QG, DG if return_probes else QG, AQK, ADK if return_probes else AQK, GL,
+            h0 if h0 is not None else GL, o, sd if return_probes else o, ht if ht is not None else GL,
+            cu, chunk_offsets, T,
+            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            USE_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=cu_seqlens is not None,
+            PROBES=bool(return_probes), DT=DT, PREC=PREC, WHILE_LOOP=_interpreting(),
+            num_warps=4 if BK <= 128 else 8, num_stages=stages,
+        )
+    except triton.runtime.errors.OutOfResources as err:
+        if ct != torch.float64:
+            raise
+        raise ValueError(f"qed_chunk: float64 inputs with K={K} need more shared memory than this GPU "
+                         f"has ({err}); use qed_naive (or float32 inputs) instead") from err
     probes = None
     if return_probes:
         probes = {"rho": rho, "d": dpr, "Sd": sd, "e": eig}
