@@ -119,7 +119,8 @@ def main() -> int:
       f"floor at 4.3 TB/s {nbytes / 4.3e9:.3f} ms")
     if a.parts:
         from torch.profiler import ProfilerActivity, profile
-        fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))] + ([("fla", fla_fn(x))] if have_fla else [])
+        fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))]
+        fns += [("fla", fla_fn(x))] if (have_fla and not a.no_fla) else []
         for name, fn in fns:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
