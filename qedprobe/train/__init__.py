@@ -2,6 +2,7 @@
 from .config import PRESETS, TrainConfig
 from .data import MIXTURES, TrainData
 from .schedule import WSD
-from .trainer import TrainResult, read_log, train
+from .runlog import read_log
+from .trainer import TrainResult, train
 
 __all__ = ["MIXTURES", "PRESETS", "TrainConfig", "TrainData", "TrainResult", "WSD", "read_log", "train"]

@@ -1,13 +1,17 @@
-"""``MODEL_CARD.md`` for an exported checkpoint: what was trained, on what, for how long."""
+"""Export a finished run: the bf16 model and its ``MODEL_CARD.md`` (what was trained, on what, for how long)."""
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 CARD_NAME = "MODEL_CARD.md"
+FINAL_WINDOW = 20
+"""The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
 
 
 def git_commit() -> str:
@@ -69,3 +73,31 @@ a seed stream. See `qedprobe/train/data.py`.
     path = folder / CARD_NAME
     path.write_text(text)
     return path
+
+
+def export(model, cfg, data, out_dir: Path, export_dir: Path,
+            records: list[dict], device: torch.device, op_used: str) -> float:
+    """bf16 copy of the model + ``MODEL_CARD.md`` into ``export_dir``; returns the final loss."""
+    frozen = copy.deepcopy(model).to(torch.bfloat16)
+    frozen.save_pretrained(export_dir)
+    last = records[-FINAL_WINDOW:]
+    final_loss = sum(r["loss"] for r in last) / len(last)
+    weights = export_dir / "model.safetensors"
+    summary = {
+        "arm": cfg.arm, "seed": cfg.seed, "steps": records[-1]["step"],
+        "tokens (rows x seq_len)": records[-1]["tokens"],
+        f"final loss (nats/token, mean of last {len(last)} steps, loss={cfg.loss!r})": f"{final_loss:.4f}",
+        "final answer loss / answer token accuracy (last step)":
+            f"{records[-1]['answer_loss']:.4f} / {records[-1]['answer_acc']:.4f}",
+        "final mean lambda": f"{records[-1]['lambda_mean']:.5f}",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weights file": f"{weights.stat().st_size / 2**20:.2f} MiB (bf16)",
+        "wall time": f"{records[-1]['wall_s']:.1f} s",
+        "device": device_name(device), "op used in training": op_used,
+        "date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "qedprobe commit": git_commit(), "torch": torch.__version__,
+        "run folder": str(out_dir),
+    }
+    write_model_card(export_dir, title=f"qedprobe {cfg.arm} seed {cfg.seed}", model_cfg=frozen.cfg.to_dict(),
+                     train_cfg=cfg.to_dict(), data=data.describe(), summary=summary)
+    return final_loss

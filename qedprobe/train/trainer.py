@@ -29,14 +29,11 @@ the same device and thread count.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -45,19 +42,16 @@ import torch.nn.functional as F
 from qedprobe.lam import param_groups
 from qedprobe.model import QEDConfig, QEDModel
 
-from .card import device_name, git_commit, write_model_card
+from .card import export
 from .config import TrainConfig
 from .data import TrainData
 from .opcheck import backward_problem
+from .runlog import LOG_NAME, note, read_log, truncate_log
 from .schedule import WSD, wsd_scheduler
 from .state import load_latest, load_model_weights, rng_state, save_checkpoint, set_rng_state
 
-LOG_NAME = "loss.jsonl"
-NOTES_NAME = "train.log"
 FALLBACK_OPS = ("torch", "naive")
 """Differentiable PyTorch ops tried, in order, when the configured op has no backward."""
-FINAL_WINDOW = 20
-"""The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
 
 
 @dataclass
@@ -109,27 +103,6 @@ def op_mode(model: QEDModel, mode: str):
         model.cfg.op_mode = old
 
 
-def read_log(out_dir: Path) -> list[dict]:
-    """Records of ``out_dir/loss.jsonl`` (empty when there is none)."""
-    path = Path(out_dir) / LOG_NAME
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _truncate_log(out_dir: Path, step: int) -> None:
-    """Keep only records of steps ``<= step`` (a crash after a checkpoint leaves later ones)."""
-    kept = [r for r in read_log(out_dir) if r["step"] <= step]
-    (out_dir / LOG_NAME).write_text("".join(json.dumps(r) + "\n" for r in kept))
-
-
-def _note(out_dir: Path, message: str) -> None:
-    line = f"[{datetime.now(timezone.utc).isoformat(timespec='seconds')}] {message}"
-    print(line, file=sys.stderr, flush=True)
-    with open(out_dir / NOTES_NAME, "a") as fh:
-        fh.write(line + "\n")
-
-
 def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: torch.dtype, out_dir: Path) -> str:
     """The op mode to train with: the configured one if its backward works; otherwise, when
     ``op_fallback``, the first of ``FALLBACK_OPS`` that works (with a warning in ``train.log``);
@@ -146,7 +119,7 @@ def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: t
     for fallback in (m for m in FALLBACK_OPS if m != mode):
         found = backward_problem(model.cfg, device, dtype, fallback)
         if found is None:
-            _note(out_dir, f"WARNING: {problem}. Training with the differentiable PyTorch op "
+            note(out_dir, f"WARNING: {problem}. Training with the differentiable PyTorch op "
                            f"(mode {fallback!r}) instead; checkpoints keep op_mode {mode!r} in config.json.")
             return fallback
         problems.append(found)
@@ -188,34 +161,6 @@ def _step(model, batch, cfg: TrainConfig, device: torch.device, amp: bool) -> di
             "answer_acc": answer_hits / n_answer}
 
 
-def _export(model, cfg: TrainConfig, data: TrainData, out_dir: Path, export_dir: Path,
-            records: list[dict], device: torch.device, op_used: str) -> float:
-    """bf16 copy of the model + ``MODEL_CARD.md`` into ``export_dir``; returns the final loss."""
-    frozen = copy.deepcopy(model).to(torch.bfloat16)
-    frozen.save_pretrained(export_dir)
-    last = records[-FINAL_WINDOW:]
-    final_loss = sum(r["loss"] for r in last) / len(last)
-    weights = export_dir / "model.safetensors"
-    summary = {
-        "arm": cfg.arm, "seed": cfg.seed, "steps": records[-1]["step"],
-        "tokens (rows x seq_len)": records[-1]["tokens"],
-        f"final loss (nats/token, mean of last {len(last)} steps, loss={cfg.loss!r})": f"{final_loss:.4f}",
-        "final answer loss / answer token accuracy (last step)":
-            f"{records[-1]['answer_loss']:.4f} / {records[-1]['answer_acc']:.4f}",
-        "final mean lambda": f"{records[-1]['lambda_mean']:.5f}",
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "weights file": f"{weights.stat().st_size / 2**20:.2f} MiB (bf16)",
-        "wall time": f"{records[-1]['wall_s']:.1f} s",
-        "device": device_name(device), "op used in training": op_used,
-        "date (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "qedprobe commit": git_commit(), "torch": torch.__version__,
-        "run folder": str(out_dir),
-    }
-    write_model_card(export_dir, title=f"qedprobe {cfg.arm} seed {cfg.seed}", model_cfg=frozen.cfg.to_dict(),
-                     train_cfg=cfg.to_dict(), data=data.describe(), summary=summary)
-    return final_loss
-
-
 def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None = None,
           max_seconds: float | None = None, callback=None) -> TrainResult:
     """Train (or resume) the run ``cfg`` in ``out_dir``; see the module docstring.
@@ -253,18 +198,20 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
         scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start, wall = state["step"], state["wall_s"]
-        _note(out_dir, f"resumed from {folder.name} (step {start})")
+        note(out_dir, f"resumed from {folder.name} (step {start})")
     else:
-        _note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device}")
-    _truncate_log(out_dir, start)
+        note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device}")
+    truncate_log(out_dir, start)
     cfg.save(out_dir / "train_config.json")
+    configured_op = model.cfg.op_mode
     op_used = _choose_op(cfg, model, device, torch.bfloat16 if amp else torch.float32, out_dir)
 
     def checkpoint(step: int) -> None:
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                  "rng": rng_state(), "wall_s": wall, "train_config": cfg.to_dict()}
-        folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
-        _note(out_dir, f"checkpoint {folder.name}")
+        with op_mode(model, configured_op):  # config.json keeps the configured op, not the fallback
+            folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
+        note(out_dir, f"checkpoint {folder.name}")
 
     rows, session_start = cfg.rows_per_step, time.perf_counter()
     step = start
@@ -296,9 +243,9 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
             if step % cfg.save_every == 0 or step == cfg.steps or stop:
                 checkpoint(step)
             if stop and step < cfg.steps:
-                _note(out_dir, f"stopped at step {step} of {cfg.steps}; call again to resume")
+                note(out_dir, f"stopped at step {step} of {cfg.steps}; call again to resume")
                 return TrainResult(out_dir, step, False, None, None, wall, op_used)
     records = read_log(out_dir)
-    final_loss = _export(model, cfg, data, out_dir, export_dir, records, device, op_used)
-    _note(out_dir, f"done: {step} steps, final loss {final_loss:.4f}; exported to {export_dir}")
+    final_loss = export(model, cfg, data, out_dir, export_dir, records, device, op_used)
+    note(out_dir, f"done: {step} steps, final loss {final_loss:.4f}; exported to {export_dir}")
     return TrainResult(out_dir, step, True, export_dir, final_loss, wall, op_used)

@@ -1,0 +1,41 @@
+"""The run's two logs: ``loss.jsonl`` (one JSON record per step) and ``train.log`` (events)."""
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+LOG_NAME = "loss.jsonl"
+NOTES_NAME = "train.log"
+
+
+def read_log(out_dir) -> list[dict]:
+    """Records of ``out_dir/loss.jsonl`` (empty when there is none). A last line cut short by a
+    kill mid-write is dropped; a broken line elsewhere is a ``ValueError``."""
+    path = Path(out_dir) / LOG_NAME
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({err})") from err
+    return records
+
+
+def truncate_log(out_dir: Path, step: int) -> None:
+    """Keep only records of steps ``<= step`` (a crash after a checkpoint leaves later ones)."""
+    kept = [r for r in read_log(out_dir) if r["step"] <= step]
+    (Path(out_dir) / LOG_NAME).write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def note(out_dir: Path, message: str) -> None:
+    """Append a time-stamped line to ``train.log`` and print it to stderr."""
+    line = f"[{datetime.now(timezone.utc).isoformat(timespec='seconds')}] {message}"
+    print(line, file=sys.stderr, flush=True)
+    with open(Path(out_dir) / NOTES_NAME, "a") as fh:
+        fh.write(line + "\n")
