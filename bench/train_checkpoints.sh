@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the 12 GPU checkpoints: six arms x seeds 0 and 1, preset "small" (hidden 256, 6 layers,
-# 2 heads of dim 128, 6.78M parameters, 12.9 MiB as bf16; seq_len 2048, 32 rows/step,
-# 3000 steps = 197M tokens; AdamW 1e-3, WSD 200 warmup / 600 decay; theta at 10x).
+# 2 heads of dim 128, 6.78M parameters, 13.6 MB as bf16; seq_len 2048, 32 rows/step,
+# 1500 steps = 98M tokens; AdamW 1e-3, WSD 100 warmup / 300 decay; theta at 10x).
 #
 #   bench/train_checkpoints.sh [BUDGET_SECONDS]
 #
@@ -13,7 +13,7 @@
 # are skipped.
 #
 # Environment: PY (python, default: python), GPUS (how many GPUs to use, default: all visible),
-# EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 1500 --decay 300").
+# EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 800 --decay 160").
 # A quick timing probe before the real thing:
 #   EXTRA="--steps 30 --warmup 5 --decay 5 --save-every 30" RUNS=runs/probe CKPT=runs/probe-ckpt \
 #     GPUS=1 bench/train_checkpoints.sh

@@ -132,6 +132,17 @@ def test_two_steps_lower_the_loss_on_a_fixed_batch():
     assert losses[2] < losses[1] < losses[0], losses
 
 
+def test_accumulation_gives_the_gradient_of_the_whole_batch():
+    grads = []
+    for batch_size, accum in ((2, 1), (1, 2)):
+        cfg = tiny(batch_size=batch_size, accum=accum)
+        model = trainer.build_model(cfg, 259)
+        trainer._step(model, TrainData(cfg.seq_len, cfg.mixture, cfg.seed).rows(0, 2), cfg,
+                      torch.device("cpu"), amp=False)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
+
+
 def test_op_check_accepts_the_reference_and_catches_a_detached_op(monkeypatch):
     cfg = trainer.build_model(tiny(), 259).cfg
     assert opcheck.backward_problem(cfg, torch.device("cpu"), torch.float32, "naive") is None
