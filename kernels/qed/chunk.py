@@ -32,9 +32,9 @@ over long spans: off-diagonal 16-row sub-blocks use a reference point between ``
 their decay span exceeds 30 nats, so any ``g <= 0`` (also ``-inf``-free large negatives) is safe.
 With ``return_probes=False`` nothing probe-related is computed or written (``tl.constexpr``).
 
-Precision: float32 arithmetic throughout with tf32 matrix products for float32 inputs; bf16
-inputs keep the WY factors in bf16 for the state recurrence (as fla does); float64 inputs run
-in float64 (ieee products). Forward only.
+Precision: float32 arithmetic throughout; matrix products in tf32x3 for float32 inputs and in
+tf32 (score rows, WY factors) / bf16 (state recurrence, as fla) for bf16 inputs; float64 inputs
+run in float64 (ieee products; on a GPU only for K, V <= 128, else a ValueError). Forward only.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from .inputs import check_qed_inputs
 
 BT = 64
 BC = 16
-INTRA_CONFIG = {"BKS": 32, "num_warps": 4}
+INTRA_CONFIG = {"BKS": 32, "num_warps": 8}
 INTRA_IMPL = "fused"
 """``"fused"``: one intra launch (chunk_intra.py, timed on an H200); ``"split"``: two launches
 with short dependency chains (chunk_split.py, same results, not yet timed on a GPU)."""
@@ -80,6 +80,10 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
         raise ValueError(f"qed_chunk: K and V must be at most 256, got K={K}, V={V}")
     ct = P.compute_dtype
     dev = q.device
+    if ct == torch.float64 and q.is_cuda and max(K, V) > 128:
+        raise ValueError(f"qed_chunk: float64 inputs on a GPU support K, V <= 128 (the [64, K] float64 "
+                         f"tiles of the scan kernel need more shared memory), got K={K}, V={V}; "
+                         "use qed_naive or float32 inputs")
     if ct == torch.float64:
         inter = torch.float64
     elif (q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and v.dtype == torch.bfloat16
@@ -157,12 +161,12 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
             cu, chunk_indices, T, P.scale,
             H=H, K=K, BT=BT, BC=BC, BKS=BKS, NK=triton.cdiv(K, BKS),
             ARM=arm_code, LAM_TOKEN=P.lam_per_token, L2NORM=bool(use_qk_l2norm),
-            PROBES=bool(return_probes), SPAN=SPAN_MAX, **common, num_warps=4, num_stages=1,
+            PROBES=bool(return_probes), SPAN=SPAN_MAX, **common, num_warps=8, num_stages=1,
         )
         qed_solve_kernel[grid1](
             v, w, AE, AKK, Wt, U, cu, chunk_indices, T,
             H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
-            **common, num_warps=4, num_stages=1,
+            SOLVE_PREC="ieee" if ct == torch.float64 else "tf32x3", **common, num_warps=8, num_stages=1,
         )
 
     o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)

@@ -150,7 +150,7 @@ def qed_solve_kernel(
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr, NV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SOLVE_PREC: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -163,10 +163,9 @@ def qed_solve_kernel(
         i_t = i_c
         bos = i_b * T
         eos = bos + T
-    NB: tl.constexpr = BT // BC
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
-    o_b = tl.arange(0, NB)
+    o_b = tl.arange(0, BT // BC)
     t0 = bos + i_t * BT
     rows = t0 + o_t
     m_t = rows < eos
@@ -178,7 +177,7 @@ def qed_solve_kernel(
 
     # the four diagonal blocks of (I + A_kk)^{-1} at once: X[b] = (I + A_bb)^{-1}
     eye = (o_c[:, None] == o_c[None, :]).to(DT)
-    X = tl.zeros([NB, BC, BC], dtype=DT) + eye[None, :, :]
+    X = tl.zeros([BT // BC, BC, BC], dtype=DT) + eye[None, :, :]
     p_row = AKK + (t0 + o_b[:, None] * BC) * (H * BT) + o_b[:, None] * BC + o_c[None, :]
     for i in range(1, BC):
         m_row = ((t0 + o_b[:, None] * BC + i) < eos) & (o_c[None, :] < i)
@@ -192,11 +191,11 @@ def qed_solve_kernel(
     tl.debug_barrier()
     Dinv = tl.load(p_full, mask=m_t[:, None] & (blk_c == blk_r), other=0.).to(DT)
     # (D + L_off)^{-1} = (I + N)^{-1} D^{-1}, N = D^{-1} L_off strictly block-lower, N^4 = 0
-    N = tl.dot(Dinv, L_off, input_precision="ieee")
-    N2 = tl.dot(N, N, input_precision="ieee")
+    N = tl.dot(Dinv, L_off, input_precision=SOLVE_PREC)
+    N2 = tl.dot(N, N, input_precision=SOLVE_PREC)
     eye_t = (o_t[:, None] == o_t[None, :]).to(DT)
-    Pm = eye_t - N + N2 - tl.dot(N, N2, input_precision="ieee")
-    Ai = tl.dot(Pm, Dinv, input_precision="ieee")
+    Pm = eye_t - N + N2 - tl.dot(N, N2, input_precision=SOLVE_PREC)
+    Ai = tl.dot(Pm, Dinv, input_precision=SOLVE_PREC)
 
     AE += i_h * K
     W += i_h * K

@@ -1,0 +1,107 @@
+"""Compile qed_chunk's kernels for sm_90 on a machine without a GPU (Triton's AOT path and the
+ptxas its wheel carries) and print shared memory, registers and spills per kernel.
+
+    python bench/chunk_aot.py main|warps|solve|scan|intra|fp32|fp64|wrapper|f64k256|k256
+
+It reproduced the device's shared-memory figure (294912 B for the float32 scan with two stages)
+exactly, so configurations can be screened here before spending device time.
+"""
+import sys, time, inspect
+import triton, triton.language as tl
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from qedprobe.kernels.qed.chunk import INTRA_CONFIG
+from qedprobe.kernels.qed.chunk_intra import qed_intra_kernel
+from qedprobe.kernels.qed.chunk_scan import qed_scan_kernel
+from qedprobe.kernels.qed.chunk_split import qed_rows_kernel, qed_solve_kernel
+TGT = GPUTarget("cuda", 90, 32)
+
+def compile_(kern, ptrs, scalars, consts, num_warps, num_stages):
+    fn = kern.fn if hasattr(kern, "fn") else kern
+    names = list(inspect.signature(fn).parameters)
+    sig = {}
+    for n in names:
+        if n in consts: sig[n] = "constexpr"
+        elif n in ptrs: sig[n] = ptrs[n]
+        elif n in scalars: sig[n] = scalars[n]
+        else: raise KeyError(n)
+    src = ASTSource(fn=kern, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    t = time.time()
+    k = triton.compile(src, target=TGT, options=dict(num_warps=num_warps, num_stages=num_stages))
+    md = k.metadata
+    import subprocess, tempfile, os, re
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    r = subprocess.run([ptxas, "--gpu-name", "sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True, text=True)
+    info = " ".join(l.strip() for l in r.stderr.splitlines() if "Used" in l or "spill" in l)
+    info = re.sub(r"\s+", " ", info)
+    print(f"{fn.__name__:18s} warps {num_warps} stages {num_stages}: shared {md.shared} B, compile {time.time()-t:.1f}s | {info}", flush=True)
+    return k
+
+def run(dt_in="bf16", ct="fp32", probes=True, K=128, V=128, H=16, inter=None, prec="tf32", impl="both", stages=None, W=None, BKS_=32, SP="tf32x3", BVx=None):
+    inter = inter or (dt_in if dt_in == "bf16" else ct)
+    DT = tl.float32 if ct == "fp32" else tl.float64
+    print(f"--- inputs {dt_in}, compute {ct}, inter {inter}, probes {probes}, K={K} V={V}")
+    BKS = min(BKS_, triton.next_power_of_2(K)); BVS = min(64, triton.next_power_of_2(V))
+    NK = triton.cdiv(K, BKS); NV = triton.cdiv(V, BVS)
+    P = lambda t: "*" + t
+    common_c = dict(H=H, K=K, BT=64, BC=16, BKS=BKS, NK=NK, IS_VARLEN=False, DT=DT, PREC=prec)
+    arm = dict(ARM=3, LAM_TOKEN=False, L2NORM=True, PROBES=probes, SPAN=30.0)
+    inp = {n: P(dt_in) for n in "q k v b w".split()}
+    inp.update(g=P("fp32"), lam=P(ct), z=P(ct), d_in=P(dt_in), cu_seqlens=P("i32"), chunk_indices=P("i32"))
+    outs = {n: P(inter) for n in "W U KG QG DG AQK ADK".split()}
+    outs.update({n: P(ct) for n in "AKK GL RHO EIG DPR AE".split()})
+    sc = dict(T="i32", scale="fp32")
+    if impl in ("both", "fused"):
+        compile_(qed_intra_kernel, {**inp, **outs}, sc, dict(common_c, V=V, BVS=BVS, NV=NV, **arm), W or INTRA_CONFIG["num_warps"], 1)
+    if impl in ("both", "split"):
+        compile_(qed_rows_kernel, {**inp, **outs}, sc, dict(common_c, **arm), W or 8, 1)
+        compile_(qed_solve_kernel, {**inp, **outs}, sc, dict(common_c, V=V, BVS=BVS, NV=NV, SOLVE_PREC=("ieee" if ct=="fp64" else SP)), W or 8, 1)
+    BK = triton.next_power_of_2(K)
+    BV = BVx or (64 if (BK <= 128 and ct != "fp64") else 32)
+    st = stages if stages is not None else (2 if (inter == "bf16" and BK <= 128) else 1)
+    scan_p = {n: P(inter) for n in "W U KG QG DG AQK ADK".split()}
+    scan_p.update(GL=P(ct), H0=P(ct), O=P(dt_in), SD=P(ct), HT=P(ct), cu_seqlens=P("i32"), chunk_offsets=P("i32"))
+    compile_(qed_scan_kernel, scan_p, dict(T="i32"), dict(H=H, K=K, V=V, BT=64, BK=BK, BV=min(BV, triton.next_power_of_2(V)),
+             USE_H0=True, STORE_HT=True, IS_VARLEN=False, PROBES=probes, DT=DT, PREC=prec, WHILE_LOOP=False),
+             W or (4 if BK <= 128 else 8), st)
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "main"
+    if what == "main":
+        run("bf16", "fp32", probes=False)
+        run("bf16", "fp32", probes=True)
+    elif what == "fp32":
+        run("fp32", "fp32", probes=True, prec="tf32x3", W=8)
+        run("fp32", "fp32", probes=True, prec="tf32x3", impl="none", stages=2)
+    elif what == "fp64":
+        run("fp64", "fp64", probes=True, prec="ieee", W=8)
+    elif what == "warps":
+        for W in (8, 2):
+            run("bf16", "fp32", probes=True, W=W)
+    elif what == "solve":
+        for W in (4, 8):
+            for SP in ("tf32x3", "tf32", "ieee"):
+                print("solve prec", SP); run("bf16", "fp32", probes=True, W=W, SP=SP, impl="split")
+    elif what == "scan":
+        for W in (4, 8):
+            for st in (1, 2):
+                for BVx in (32, 64):
+                    print("scan BV", BVx); run("bf16", "fp32", probes=True, W=W, impl="none", stages=st, BVx=BVx)
+    elif what == "intra":
+        for W in (8,):
+            for B_ in (16, 64):
+                print("intra BKS", B_); run("bf16", "fp32", probes=True, W=W, impl="fused", BKS_=B_)
+    elif what == "wrapper":
+        run("fp32", "fp32", probes=True, prec="tf32x3", impl="none")
+        run("fp64", "fp64", probes=True, prec="ieee", impl="none")
+        run("bf16", "fp32", probes=True, K=256, V=256, impl="none")
+        run("fp64", "fp64", probes=True, prec="ieee", K=256, V=256, impl="none")
+        run("fp32", "fp32", probes=True, prec="tf32x3", K=256, V=256, impl="none")
+    elif what == "f64k256":
+        run("fp64", "fp64", probes=True, prec="ieee", K=256, V=256, impl="none", BVx=16)
+        run("fp64", "fp64", probes=True, prec="ieee", K=256, V=256, impl="none", BVx=16, W=4)
+    elif what == "k256":
+        run("bf16", "fp32", probes=True, K=256, V=256, W=8)
+        run("bf16", "fp32", probes=False, K=64, V=64, W=8)
