@@ -1,4 +1,4 @@
-"""The trainer: WSD schedule, data mixture, optimizer groups, op check, exact resume, CLI, micro checkpoints."""
+"""The trainer: WSD schedule, data mixture, optimizer groups, op check, exact resume, CLI, committed checkpoints."""
 import argparse
 import json
 import re
@@ -132,6 +132,19 @@ def test_two_steps_lower_the_loss_on_a_fixed_batch():
     assert losses[2] < losses[1] < losses[0], losses
 
 
+def test_bf16_autocast_step_keeps_float32_master_weights():
+    """The CUDA path (autocast bf16) exercised with CPU autocast: finite loss near the float32 one,
+    float32 parameters and gradients."""
+    cfg = tiny()
+    batch = TrainData(cfg.seq_len, cfg.mixture, cfg.seed).rows(0, 2)
+    losses = {}
+    for amp in (False, True):
+        model = trainer.build_model(cfg, 259)
+        losses[amp] = trainer._step(model, batch, cfg, torch.device("cpu"), amp=amp)["loss"]
+        assert all(p.dtype == p.grad.dtype == torch.float32 for p in model.parameters())
+    assert losses[True] == pytest.approx(losses[False], abs=0.05)
+
+
 def test_accumulation_gives_the_gradient_of_the_whole_batch():
     grads = []
     for batch_size, accum in ((2, 1), (1, 2)):
@@ -234,8 +247,9 @@ def test_cli_flags_override_the_preset():
     assert args.func.__name__ == "run"
 
 
-@pytest.mark.parametrize("folder", sorted(p.name for p in (ROOT / "checkpoints").glob("micro-*")))
-def test_micro_checkpoints_load(folder):
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (ROOT / "checkpoints").glob("*/config.json")))
+def test_committed_checkpoints_load(folder):
+    """Every folder of checkpoints/: bf16, at most 16 MB, a model card, finite logits."""
     path = ROOT / "checkpoints" / folder
     model = QEDModel.from_pretrained(path)
     assert model.embeddings.weight.dtype == torch.bfloat16
