@@ -231,7 +231,8 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
-    train(tiny(steps=2, decay_steps=1), tmp_path, until_step=1)
+    stopped = train(tiny(steps=2, decay_steps=1), tmp_path, max_seconds=1e-9)
+    assert (stopped.step, stopped.finished) == (1, False) and (tmp_path / "step-000001").is_dir()
     with pytest.raises(ValueError, match="lr: "):
         train(tiny(steps=2, decay_steps=1, lr=1e-3), tmp_path)
 
