@@ -61,9 +61,15 @@ def test_theta_gets_ten_times_the_rate_through_the_schedule():
     groups = {g["name"]: g for g in opt.param_groups}
     thetas = {id(m.attn.theta) for m in model.blocks}
     assert {id(p) for p in groups["theta"]["params"]} == thetas
-    assert groups["theta"]["weight_decay"] == 0.0 and groups["main"]["weight_decay"] == cfg.weight_decay
+    assert groups["theta"]["weight_decay"] == groups["main_no_decay"]["weight_decay"] == 0.0
+    assert groups["main"]["weight_decay"] == cfg.weight_decay > 0
+    assert all(p.dim() >= 2 for p in groups["main"]["params"])
+    assert all(p.dim() == 1 for p in groups["main_no_decay"]["params"])
+    n_opt = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n_opt == sum(p.numel() for p in model.parameters())
     for _ in range(cfg.steps):
         assert groups["theta"]["lr"] == pytest.approx(10 * groups["main"]["lr"])
+        assert groups["main_no_decay"]["lr"] == groups["main"]["lr"]
         opt.step()
         sched.step()
 
@@ -71,7 +77,7 @@ def test_theta_gets_ten_times_the_rate_through_the_schedule():
 def test_gdn2_has_no_theta_group():
     cfg = tiny(arm="gdn2")
     names = [g["name"] for g in trainer.make_optimizer(cfg, trainer.build_model(cfg, 259)).param_groups]
-    assert names == ["main"]
+    assert names == ["main", "main_no_decay"]
 
 
 # ------------------------------------------------------------------------------- data

@@ -10,8 +10,8 @@ and minimises the mean next-token cross-entropy over the step's masked targets
 denominator is the whole step's count, so accumulation gives the same gradient as one big
 batch). Parameters stay float32 (master weights); on CUDA the forward runs under
 ``torch.autocast(dtype=bfloat16)``. Gradients are clipped to ``clip`` (global L2 norm), then
-AdamW steps with :func:`qedprobe.lam.param_groups` (``theta`` at ``theta_lr_mult`` x the rate, no
-weight decay) and the WSD schedule scales every group.
+AdamW steps (:func:`make_optimizer`: ``theta`` at ``theta_lr_mult`` x the rate; weight decay on
+matrices only) and the WSD schedule scales every group.
 
 Files in ``out_dir``:
 
@@ -83,7 +83,18 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
 
 
 def make_optimizer(cfg: TrainConfig, model: QEDModel) -> torch.optim.AdamW:
-    groups = param_groups(model, cfg.lr, cfg.weight_decay, cfg.theta_lr_mult)
+    """AdamW over :func:`qedprobe.lam.param_groups` (``theta`` at ``theta_lr_mult`` x the rate, no
+    weight decay), with the main group split: matrices (projections, convolutions, embedding)
+    decay, vectors (norm weights, biases, ``A_log``, ``dt_bias``) do not, as fla exempts
+    ``A_log`` and ``dt_bias``. Group names: ``main``, ``main_no_decay``, ``theta``."""
+    groups = []
+    for group in param_groups(model, cfg.lr, cfg.weight_decay, cfg.theta_lr_mult):
+        if group["name"] == "main":
+            vectors = [p for p in group["params"] if p.dim() < 2]
+            groups.append({**group, "params": [p for p in group["params"] if p.dim() >= 2]})
+            groups.append({**group, "params": vectors, "weight_decay": 0.0, "name": "main_no_decay"})
+        else:
+            groups.append(group)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
