@@ -241,6 +241,9 @@ def test_resume_with_another_config_is_refused(tmp_path):
     assert (stopped.step, stopped.finished) == (1, False) and (tmp_path / "step-000001").is_dir()
     with pytest.raises(ValueError, match="lr: "):
         train(tiny(steps=2, decay_steps=1, lr=1e-3), tmp_path)
+    (tmp_path / "step-000001").rename(tmp_path / "moved")
+    with pytest.raises(ValueError, match="missing"):  # never a silent fresh start
+        train(tiny(steps=2, decay_steps=1), tmp_path)
 
 
 @pytest.mark.parametrize("kw, name", [(dict(seq_len=0), "seq_len"), (dict(loss="x"), "loss"),

@@ -61,9 +61,11 @@ def save_checkpoint(out: Path, step: int, save_model, trainer_state: dict) -> Pa
 def load_latest(out: Path) -> tuple[Path, dict] | None:
     """``(folder, trainer_state)`` of ``out/latest``, or None when ``out`` has no checkpoint."""
     link = out / LATEST
-    if not link.exists():
+    if not link.is_symlink() and not link.exists():
         return None
     folder = link.resolve()
+    if not folder.is_dir():
+        raise ValueError(f"{link} points to {folder}, which is missing; restore it or remove {link}")
     state_file = folder / STATE_NAME
     if not state_file.is_file():
         raise ValueError(f"checkpoint {folder} has no {STATE_NAME}")
