@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands")
+COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands", "qedprobe.train.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:
