@@ -1,7 +1,7 @@
 """Compile qed_chunk's kernels for sm_90 on a machine without a GPU (Triton's AOT path and the
 ptxas its wheel carries) and print shared memory, registers and spills per kernel.
 
-    python bench/chunk_aot.py main|warps|solve|scan|intra|fp32|fp64|wrapper|f64k256|k256
+    python bench/chunk_aot.py main|warps|scan|intra|fp32|fp64|wrapper|f64k256|k256
 
 It reproduced the device's shared-memory figure (294912 B for the float32 scan with two stages)
 exactly, so configurations can be screened here before spending device time.
@@ -13,7 +13,6 @@ from triton.backends.compiler import GPUTarget
 from qedprobe.kernels.qed.chunk import INTRA_CONFIG
 from qedprobe.kernels.qed.chunk_intra import qed_intra_kernel
 from qedprobe.kernels.qed.chunk_scan import qed_scan_kernel
-from qedprobe.kernels.qed.chunk_split import qed_rows_kernel, qed_solve_kernel
 TGT = GPUTarget("cuda", 90, 32)
 
 def compile_(kern, ptrs, scalars, consts, num_warps, num_stages):
@@ -39,7 +38,7 @@ def compile_(kern, ptrs, scalars, consts, num_warps, num_stages):
     print(f"{fn.__name__:18s} warps {num_warps} stages {num_stages}: shared {md.shared} B, compile {time.time()-t:.1f}s | {info}", flush=True)
     return k
 
-def run(dt_in="bf16", ct="fp32", probes=True, K=128, V=128, H=16, inter=None, prec="tf32", impl="both", stages=None, W=None, BKS_=32, SP="tf32x3", BVx=None):
+def run(dt_in="bf16", ct="fp32", probes=True, K=128, V=128, H=16, inter=None, prec="tf32", impl="fused", stages=None, W=None, BKS_=32, BVx=None):
     inter = inter or (dt_in if dt_in == "bf16" else ct)
     DT = tl.float32 if ct == "fp32" else tl.float64
     print(f"--- inputs {dt_in}, compute {ct}, inter {inter}, probes {probes}, K={K} V={V}")
@@ -51,13 +50,10 @@ def run(dt_in="bf16", ct="fp32", probes=True, K=128, V=128, H=16, inter=None, pr
     inp = {n: P(dt_in) for n in "q k v b w".split()}
     inp.update(g=P("fp32"), lam=P(ct), z=P(ct), d_in=P(dt_in), cu_seqlens=P("i32"), chunk_indices=P("i32"))
     outs = {n: P(inter) for n in "W U KG QG DG AQK ADK".split()}
-    outs.update({n: P(ct) for n in "AKK GL RHO EIG DPR AE".split()})
+    outs.update({n: P(ct) for n in "AKK GL RHO EIG DPR".split()})
     sc = dict(T="i32", scale="fp32")
-    if impl in ("both", "fused"):
+    if impl == "fused":
         compile_(qed_intra_kernel, {**inp, **outs}, sc, dict(common_c, V=V, BVS=BVS, NV=NV, **arm), W or INTRA_CONFIG["num_warps"], 1)
-    if impl in ("both", "split"):
-        compile_(qed_rows_kernel, {**inp, **outs}, sc, dict(common_c, **arm), W or 8, 1)
-        compile_(qed_solve_kernel, {**inp, **outs}, sc, dict(common_c, V=V, BVS=BVS, NV=NV, SOLVE_PREC=("ieee" if ct=="fp64" else SP)), W or 8, 1)
     BK = triton.next_power_of_2(K)
     BV = BVx or (64 if (BK <= 128 and ct != "fp64") else 32)
     st = stages if stages is not None else (2 if (inter == "bf16" and BK <= 128) else 1)
@@ -80,10 +76,6 @@ if __name__ == "__main__":
     elif what == "warps":
         for W in (8, 2):
             run("bf16", "fp32", probes=True, W=W)
-    elif what == "solve":
-        for W in (4, 8):
-            for SP in ("tf32x3", "tf32", "ieee"):
-                print("solve prec", SP); run("bf16", "fp32", probes=True, W=W, SP=SP, impl="split")
     elif what == "scan":
         for W in (4, 8):
             for st in (1, 2):

@@ -21,7 +21,7 @@ import time
 import torch
 from triton.testing import do_bench
 
-from qedprobe.kernels.qed import ARMS, chunk
+from qedprobe.kernels.qed import ARMS
 from qedprobe.kernels.qed.chunk import qed_chunk
 
 DEV = "cuda"
@@ -115,17 +115,6 @@ def main() -> int:
     nbytes = sum(t.numel() * t.element_size() for n, t in x.items() if n in "qkvgbw") + x["v"].numel() * 2
     q_ms = row("qed_chunk fwd (full)", shape, ms(qed_fn(x)), fla_ms)
     row("qed_chunk fwd (full) + probes", shape, ms(qed_fn(x, probes=True)), fla_ms)
-    default_impl = chunk.INTRA_IMPL
-    for impl in ("fused", "split"):
-        if impl == default_impl:
-            continue
-        chunk.INTRA_IMPL = impl
-        try:
-            row(f"qed_chunk fwd (full) [{impl} intra]", shape, ms(qed_fn(x)), fla_ms)
-            row(f"qed_chunk fwd (full) + probes [{impl} intra]", shape, ms(qed_fn(x, probes=True)), fla_ms)
-        except Exception as err:  # noqa: BLE001
-            P(f"{impl} intra failed:", repr(err)[:300])
-        chunk.INTRA_IMPL = default_impl
     P(f"bytes in+out once: {nbytes / 1e9:.3f} GB -> {nbytes / q_ms / 1e6:.0f} GB/s effective, "
       f"floor at 4.3 TB/s {nbytes / 4.3e9:.3f} ms")
     if a.parts:

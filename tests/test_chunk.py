@@ -8,7 +8,7 @@ and arm="gdn2" / lam=0 against fla's chunk_gdn2 (skipped when fla is not importa
 import pytest
 import torch
 
-from qedprobe.kernels.qed import ARMS, chunk, qed_naive
+from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
 
 CUDA = torch.cuda.is_available()
@@ -70,15 +70,8 @@ def assert_same(got, ref, tol=1e-10):
         assert p is None
 
 
-@pytest.fixture(params=["fused", "split"])
-def intra_impl(request, monkeypatch):
-    """Both intra-chunk implementations (chunk_intra.py, chunk_split.py)."""
-    monkeypatch.setattr(chunk, "INTRA_IMPL", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("arm", ARMS)
-def test_every_arm_float64(arm, intra_impl):
+def test_every_arm_float64(arm):
     x = make_inputs(seed=ARMS.index(arm))
     H, K, V = 2, 16, 32
     z = unit_z(H, K) if arm == "rand" else None
@@ -124,7 +117,7 @@ def test_state_carry_two_halves():
     assert maxdiff(torch.cat([p1["Sd"], p2["Sd"]], 1), whole[2]["Sd"]) < 1e-10
 
 
-def test_varlen_equals_separate_runs(intra_impl):
+def test_varlen_equals_separate_runs():
     lens = [37, 64, 70, 1]
     T = sum(lens)
     x = make_inputs(B=1, T=T, seed=6, lam_token=True)
@@ -143,7 +136,7 @@ def test_varlen_equals_separate_runs(intra_impl):
 
 
 @pytest.mark.parametrize("gmin,gmax", [(20.0, 0.0), (0.0, 0.0), (20.0, 15.0)])
-def test_strong_and_zero_decay(gmin, gmax, intra_impl):
+def test_strong_and_zero_decay(gmin, gmax):
     x = make_inputs(B=1, T=90, gmin=gmin, gmax=gmax, seed=7)
     if gmin > 0 and gmax == 0:
         x["g"][..., :4] = 0.0  # some channels never decay, others lose up to 20 nats per token
@@ -155,7 +148,7 @@ def test_strong_and_zero_decay(gmin, gmax, intra_impl):
 
 
 @pytest.mark.parametrize("K,V,T", [(20, 24, 33), (64, 16, 65)])
-def test_odd_sizes(K, V, T, intra_impl):
+def test_odd_sizes(K, V, T):
     x = make_inputs(B=1, T=T, K=K, V=V, seed=8)
     kw = dict(arm="noproj", output_final_state=True, return_probes=True)
     assert_same(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw))
@@ -201,7 +194,7 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA: the GPU checks run the co
 @gpu
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 5e-3), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("arm", ["full", "nogate_noproj"])
-def test_gpu_long_vs_naive(dtype, bound, arm, intra_impl):
+def test_gpu_long_vs_naive(dtype, bound, arm):
     B, T, H, K, V = 1, 4096, 2, 128, 128
     x64 = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=20, device="cuda")
     x = {n: t.to(dtype) for n, t in x64.items()}
@@ -212,14 +205,14 @@ def test_gpu_long_vs_naive(dtype, bound, arm, intra_impl):
     o, s, p = qed_chunk(*args(x), initial_state=h0, **kw)
     o2, s2, p2 = qed_naive(*args(ref_in), initial_state=h0.double(), **kw)
     errs = {n: relerr(p[n], p2[n]) for n in PROBES}
-    print(f"[{intra_impl}] T={T} {dtype} {arm}: rel err o {relerr(o, o2):.2e}, state {relerr(s, s2):.2e}, probes {errs}")
+    print(f"T={T} {dtype} {arm}: rel err o {relerr(o, o2):.2e}, state {relerr(s, s2):.2e}, probes {errs}")
     assert relerr(o, o2) < bound and relerr(s, s2) < bound
     for n in PROBES:
         assert relerr(p[n], p2[n]) < bound, n
 
 
 @gpu
-def test_gpu_float64_and_varlen(intra_impl):
+def test_gpu_float64_and_varlen():
     x = make_inputs(B=1, T=1000, H=2, K=128, V=64, gmin=3.0, seed=21, device="cuda")
     cu = torch.tensor([0, 100, 433, 1000], dtype=torch.int32, device="cuda")
     kw = dict(arm="full", cu_seqlens=cu, output_final_state=True, return_probes=True)
@@ -227,7 +220,7 @@ def test_gpu_float64_and_varlen(intra_impl):
 
 
 @gpu
-def test_gpu_vs_fla_gdn2(intra_impl):
+def test_gpu_vs_fla_gdn2():
     """arm="gdn2", and arm="full" with lam = 0, equal fla's chunk_gdn2 (bf16, the benchmark's H, K, V)."""
     fla = pytest.importorskip("fla.ops.gdn2")
     B, T, H, K, V = 2, 4096, 16, 128, 128
@@ -239,6 +232,6 @@ def test_gpu_vs_fla_gdn2(intra_impl):
     for arm, lam in (("gdn2", x["lam"]), ("full", torch.zeros_like(x["lam"]))):
         o, s, _ = qed_chunk(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], lam, arm=arm,
                             initial_state=h0, output_final_state=True)
-        print(f"[{intra_impl}] vs fla chunk_gdn2 ({arm}): rel err o {relerr(o, o_f):.2e}, state {relerr(s, s_f):.2e}")
+        print(f"vs fla chunk_gdn2 ({arm}): rel err o {relerr(o, o_f):.2e}, state {relerr(s, s_f):.2e}")
         assert relerr(o, o_f) < 2e-2, arm
         assert relerr(s, s_f) < 2e-2, arm

@@ -24,9 +24,9 @@ chunk, per channel; ``S0`` the chunk-start state)::
 Two launches: ``chunk_intra.qed_intra_kernel`` (per chunk: L2 norms, d, a, probes rho / e / d,
 the score blocks, ``(I + A_kk)^{-1}``, ``W``, ``U``, ``kg``, ``qg``) and
 ``chunk_scan.qed_scan_kernel`` (per sequence, head and value block: the state recurrence fused
-with the output and the probe ``Sd``). ``INTRA_IMPL = "split"`` replaces the first launch by two
-with shorter dependency chains (``chunk_split.py``: per-16-row-block score rows, then a per-chunk
-solve); same results, not yet timed on a GPU. Decays ``e^{G_t - G_j}`` are never formed as a product
+with the output and the probe ``Sd``). (A variant splitting the first launch in two, per-row-block
+scores then a per-chunk solve, was slower on an H200 — 6.72 ms vs 4.79 ms at the benchmark shape —
+and was removed.) Decays ``e^{G_t - G_j}`` are never formed as a product
 over long spans: off-diagonal 16-row sub-blocks use a reference point between ``t`` and ``j``
 (both factors <= 1) and diagonal sub-blocks fall back to exact per-element exponentials when
 their decay span exceeds 30 nats, so any ``g <= 0`` (also ``-inf``-free large negatives) is safe.
@@ -46,15 +46,11 @@ import triton.language as tl
 
 from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_intra_kernel
 from .chunk_scan import qed_scan_kernel
-from .chunk_split import qed_rows_kernel, qed_solve_kernel
 from .inputs import check_qed_inputs
 
 BT = 64
 BC = 16
 INTRA_CONFIG = {"BKS": 32, "num_warps": 8}
-INTRA_IMPL = "fused"
-"""``"fused"``: one intra launch (chunk_intra.py, timed on an H200); ``"split"``: two launches
-with short dependency chains (chunk_split.py, same results, not yet timed on a GPU)."""
 
 
 def _interpreting() -> bool:
@@ -140,34 +136,16 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
 
     BKS = min(INTRA_CONFIG["BKS"], triton.next_power_of_2(K))
     BVS = min(64, triton.next_power_of_2(V))
-    common = dict(IS_VARLEN=cu_seqlens is not None, DT=DT, PREC=PREC)
-    if INTRA_IMPL == "fused":
-        qed_intra_kernel[grid1](
-            q, k, v, g, b, w, lam, zt, d_in,
-            Wt, U, KG, QG, DG if return_probes else Wt, AQK, ADK if return_probes else AQK, AKK, GL,
-            rho if return_probes else GL, eig if return_probes else GL, dpr if return_probes else Wt,
-            cu, chunk_indices, T, P.scale,
-            H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
-            ARM=arm_code, LAM_TOKEN=P.lam_per_token, L2NORM=bool(use_qk_l2norm),
-            PROBES=bool(return_probes), SPAN=SPAN_MAX, **common,
-            num_warps=INTRA_CONFIG["num_warps"], num_stages=1,
-        )
-    else:
-        AE = torch.empty(B, T, H, K, device=dev, dtype=ct)
-        qed_rows_kernel[(grid1[0] * (BT // BC), grid1[1])](
-            q, k, g, b, lam, zt, d_in,
-            KG, QG, AE, DG if return_probes else Wt, AQK, ADK if return_probes else AQK, AKK, GL,
-            rho if return_probes else GL, eig if return_probes else GL, dpr if return_probes else Wt,
-            cu, chunk_indices, T, P.scale,
-            H=H, K=K, BT=BT, BC=BC, BKS=BKS, NK=triton.cdiv(K, BKS),
-            ARM=arm_code, LAM_TOKEN=P.lam_per_token, L2NORM=bool(use_qk_l2norm),
-            PROBES=bool(return_probes), SPAN=SPAN_MAX, **common, num_warps=8, num_stages=1,
-        )
-        qed_solve_kernel[grid1](
-            v, w, AE, AKK, Wt, U, cu, chunk_indices, T,
-            H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
-            SOLVE_PREC="ieee" if ct == torch.float64 else "tf32x3", **common, num_warps=8, num_stages=1,
-        )
+    qed_intra_kernel[grid1](
+        q, k, v, g, b, w, lam, zt, d_in,
+        Wt, U, KG, QG, DG if return_probes else Wt, AQK, ADK if return_probes else AQK, AKK, GL,
+        rho if return_probes else GL, eig if return_probes else GL, dpr if return_probes else Wt,
+        cu, chunk_indices, T, P.scale,
+        H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
+        ARM=arm_code, LAM_TOKEN=P.lam_per_token, L2NORM=bool(use_qk_l2norm),
+        PROBES=bool(return_probes), SPAN=SPAN_MAX, IS_VARLEN=cu_seqlens is not None, DT=DT, PREC=PREC,
+        num_warps=INTRA_CONFIG["num_warps"], num_stages=1,
+    )
 
     o = torch.empty(B, T, H, V, device=dev, dtype=v.dtype)
     ht = torch.empty(N, H, K, V, device=dev, dtype=ct) if output_final_state else None
