@@ -8,7 +8,8 @@ the state block ``S`` (``K x BV``, float32 or float64) in registers::
     Sd  = dg S + A_dk R                   probes only (dg = d exp(G), A_dk strictly causal)
     S  <- Diag(exp(G_last)) S + kg^T R    (kg = k exp(G_last - G))
 
-The chunk-start states are never written to memory (a backward recomputes them).
+The chunk-start states are written to ``HS`` (``[NC, H, K, V]``) only with ``STORE_STATES``
+(the backward's recomputation, ``chunk_bwd.py``); the forward never writes them.
 """
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ import triton.language as tl
 
 @triton.jit
 def _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, strict,
-                W, U, KG, QG, DG, AQK, ADK, GL, O, SD, H: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr, BT: tl.constexpr, PROBES: tl.constexpr, DT: tl.constexpr,
-                PREC: tl.constexpr):
+                W, U, KG, QG, DG, AQK, ADK, GL, O, SD, HS, H: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr, BT: tl.constexpr, PROBES: tl.constexpr, STORE_STATES: tl.constexpr,
+                DT: tl.constexpr, PREC: tl.constexpr):
     """One chunk: residuals, output (and Sd), state update; returns the next state."""
+    if STORE_STATES:
+        tl.store(HS + ((c0 + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                 S.to(HS.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
     m_tk = m_t[:, None] & m_k[None, :]
@@ -49,11 +53,12 @@ def _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, stri
 
 @triton.jit(do_not_specialize=['T'])
 def qed_scan_kernel(
-    W, U, KG, QG, DG, AQK, ADK, GL, H0, O, SD, HT,
+    W, U, KG, QG, DG, AQK, ADK, GL, H0, O, SD, HT, HS,
     cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
+    STORE_STATES: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
@@ -95,12 +100,14 @@ def qed_scan_kernel(
         i_t = 0
         while i_t < NT:
             S = _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, strict,
-                            W, U, KG, QG, DG, AQK, ADK, GL, O, SD, H, K, V, BT, PROBES, DT, PREC)
+                            W, U, KG, QG, DG, AQK, ADK, GL, O, SD, HS, H, K, V, BT, PROBES, STORE_STATES,
+                            DT, PREC)
             i_t += 1
     else:
         for i_t in range(NT):
             S = _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, strict,
-                            W, U, KG, QG, DG, AQK, ADK, GL, O, SD, H, K, V, BT, PROBES, DT, PREC)
+                            W, U, KG, QG, DG, AQK, ADK, GL, O, SD, HS, H, K, V, BT, PROBES, STORE_STATES,
+                            DT, PREC)
 
     if STORE_HT:
         p_h = HT + i_nh * K * V + o_k[:, None] * V + o_v[None, :]

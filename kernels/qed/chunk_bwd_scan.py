@@ -1,0 +1,111 @@
+r"""Reverse inter-chunk kernel of the ``qed_chunk`` backward: the state gradient, chunk by chunk.
+
+Per chunk (notation of ``chunk.py``: ``S0`` the chunk-start state, ``R = U - W S0``,
+``O = qg S0 + A_qk R``, ``S1 = Diag(gamma) S0 + kg^T R`` with ``gamma = exp(G_last)``), given
+``dO`` and ``dS1`` (the gradient reaching the chunk's end state)::
+
+    dR      = A_qk^T dO + kg dS1                               -> DU (the gradient of U)
+    dqg     = dO S0^T,   dW = -dR S0^T,   dkg = R dS1^T       -> partial sums over value blocks
+    dgamma  = sum_v S0 * dS1,   dA_qk = (dO R^T) on j <= t      -> partial sums over value blocks
+    dS0     = qg^T dO - W^T dR + Diag(gamma) dS1               (carried to the previous chunk)
+
+One program per (sequence, head, block of ``BV`` value channels) walks the chunks backwards
+with ``dS`` (``K x BV``) in registers, starting from the final-state gradient (or zero) and
+ending with the initial-state gradient. ``S0`` comes from the chunk-start states ``HS``
+(``[NC, H, K, V]``) that the forward scan stored. Quantities that sum over the value axis are
+written per value block (leading axis ``NV``) and summed by the caller.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
+                W, U, KG, QG, AQK, GL, HS, DO, DU, DQG, DW, DKG, DGL, DAQK, NTOK, NC,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                DT: tl.constexpr, PREC: tl.constexpr):
+    """One chunk backwards: writes DU and the partials, returns the chunk-start state gradient."""
+    rows = bos + i_t * BT + o_t
+    m_t = rows < eos
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    p_tk = rows[:, None] * (H * K) + i_h * K + o_k[None, :]
+    p_tv = rows[:, None] * (H * V) + i_h * V + o_v[None, :]
+    i_g = (c0 + i_t) * H + i_h
+    b_w = tl.load(W + p_tk, mask=m_tk, other=0.).to(DT)
+    b_qg = tl.load(QG + p_tk, mask=m_tk, other=0.).to(DT)
+    b_kg = tl.load(KG + p_tk, mask=m_tk, other=0.).to(DT)
+    b_u = tl.load(U + p_tv, mask=m_tv, other=0.).to(DT)
+    b_do = tl.load(DO + p_tv, mask=m_tv, other=0.).to(DT)
+    b_a = tl.load(AQK + rows[:, None] * (H * BT) + i_h * BT + o_t[None, :],
+                  mask=m_t[:, None] & causal, other=0.).to(DT)
+    b_gl = tl.load(GL + i_g * K + o_k, mask=m_k, other=0.).to(DT)
+    b_s = tl.load(HS + i_g * K * V + o_k[:, None] * V + o_v[None, :],
+                  mask=m_k[:, None] & m_v[None, :], other=0.).to(DT)
+
+    b_r = b_u - tl.dot(b_w, b_s, input_precision=PREC)
+    b_dr = tl.dot(tl.trans(b_a), b_do, input_precision=PREC) + tl.dot(b_kg, dS, input_precision=PREC)
+    tl.store(DU + p_tv, b_dr.to(DU.dtype.element_ty), mask=m_tv)
+
+    part = i_v * NTOK * H * K
+    tl.store(DQG + part + p_tk, tl.dot(b_do, tl.trans(b_s), input_precision=PREC), mask=m_tk)
+    tl.store(DW + part + p_tk, -tl.dot(b_dr, tl.trans(b_s), input_precision=PREC), mask=m_tk)
+    tl.store(DKG + part + p_tk, tl.dot(b_r, tl.trans(dS), input_precision=PREC), mask=m_tk)
+    tl.store(DGL + (i_v * NC * H + i_g) * K + o_k, tl.sum(b_s * dS, 1), mask=m_k)
+    b_da = tl.where(causal, tl.dot(b_do, tl.trans(b_r), input_precision=PREC), 0.)
+    tl.store(DAQK + i_v * NTOK * H * BT + rows[:, None] * (H * BT) + i_h * BT + o_t[None, :], b_da,
+             mask=m_t[:, None])
+
+    return (tl.dot(tl.trans(b_qg), b_do, input_precision=PREC)
+            - tl.dot(tl.trans(b_w), b_dr, input_precision=PREC) + b_gl[:, None] * dS)
+
+
+@triton.jit(do_not_specialize=['T', 'NTOK', 'NC'])
+def qed_dstate_kernel(
+    W, U, KG, QG, AQK, GL, HS, DO, DHT, DU, DQG, DW, DKG, DGL, DAQK, DH0,
+    cu_seqlens, chunk_offsets, T, NTOK, NC,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    WHILE_LOOP: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+        NT = tl.cdiv(eos - bos, BT)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        NT = tl.cdiv(T, BT)
+        c0 = i_n * NT
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    m_k = o_k < K
+    m_v = o_v < V
+    causal = o_t[:, None] >= o_t[None, :]
+    p_h = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
+    m_h = m_k[:, None] & m_v[None, :]
+
+    dS = tl.zeros([BK, BV], dtype=DT)
+    if USE_DHT:
+        dS += tl.load(DHT + p_h, mask=m_h, other=0.).to(DT)
+    if WHILE_LOOP:  # the interpreter (numpy >= 2.4) cannot take a tensor as range() bound
+        i_t = NT - 1
+        while i_t >= 0:
+            dS = _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
+                             W, U, KG, QG, AQK, GL, HS, DO, DU, DQG, DW, DKG, DGL, DAQK, NTOK, NC,
+                             H, K, V, BT, DT, PREC)
+            i_t -= 1
+    else:
+        for i_r in range(NT):
+            dS = _chunk_back(dS, NT - 1 - i_r, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
+                             W, U, KG, QG, AQK, GL, HS, DO, DU, DQG, DW, DKG, DGL, DAQK, NTOK, NC,
+                             H, K, V, BT, DT, PREC)
+    tl.store(DH0 + p_h, dS.to(DH0.dtype.element_ty), mask=m_h)
