@@ -1,0 +1,152 @@
+"""Backward of qed_chunk (Triton) against autograd through the token-loop oracle qed_naive.
+
+CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1), float64 inputs, gradients of
+``sum(o * do) + sum(final_state * dht)`` w.r.t. q, k, v, g, b, w, lam, (d) and the initial state
+within 1e-9 of the oracle's; T not a multiple of 64, varlen, per-token lam, strong decay.
+GPU (skipped without CUDA): T=2048 float32 / bfloat16 against the float64 oracle on the GPU
+(relative errors), and arm="gdn2" against fla chunk_gdn2's backward (skipped without fla).
+"""
+import pytest
+import torch
+
+from qedprobe.kernels.qed import ARMS, qed_naive
+from qedprobe.kernels.qed.chunk import qed_chunk
+from test_chunk import CUDA, DEV, args, make_inputs, maxdiff, relerr, unit_z
+
+NAMES = ("q", "k", "v", "g", "b", "w", "lam")
+
+
+def grads(op, x, kw, h0=None, extra=(), seed=5, use_o=True, use_state=True):
+    """Gradients of ``<o, do> + <final_state, dht>`` w.r.t. ``x``'s tensors, ``extra``, ``h0``."""
+    leaves = [x[n].detach().requires_grad_(True) for n in NAMES]
+    extra = [t.detach().requires_grad_(True) for t in extra]
+    h0 = h0.detach().requires_grad_(True) if h0 is not None else None
+    if extra:
+        kw = dict(kw, d=extra[0])
+    o, s, p = op(*leaves, initial_state=h0, output_final_state=use_state, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    loss = 0.
+    if use_o:
+        loss = loss + (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+    if use_state:
+        loss = loss + (s.double() * torch.randn(s.shape, generator=gen, dtype=torch.float64).to(s.device)).sum()
+    wrt = leaves + extra + ([h0] if h0 is not None else [])
+    return torch.autograd.grad(loss, wrt, allow_unused=True), p
+
+
+def assert_grads(x, kw, tol=1e-9, **opts):
+    got, _ = grads(qed_chunk, x, kw, **opts)
+    ref, _ = grads(qed_naive, x, kw, **opts)
+    names = list(NAMES) + ["d"] * len(opts.get("extra", ())) + ["h0"] * (opts.get("h0") is not None)
+    for n, a, b in zip(names, got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype, n
+        assert maxdiff(a, b) < tol * max(1., b.abs().max().item()), (n, maxdiff(a, b))
+
+
+def state(x, N, seed=3):
+    H, K, V = x["q"].shape[2], x["q"].shape[3], x["v"].shape[3]
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(N, H, K, V, generator=gen, dtype=torch.float64).to(device=x["q"].device, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_every_arm_float64(arm):
+    x = make_inputs(B=2, T=70, H=1, K=16, V=16, seed=30 + ARMS.index(arm))
+    kw = dict(arm=arm, z=unit_z(1, 16) if arm == "rand" else None)
+    assert_grads(x, kw, h0=state(x, 2))
+
+
+def test_per_token_lam_no_l2norm_and_d_override():
+    x = make_inputs(B=1, T=70, H=2, K=16, V=16, seed=40, lam_token=True)
+    assert_grads(x, dict(arm="full", use_qk_l2norm=False, scale=0.3), h0=state(x, 1))
+    d = make_inputs(B=1, T=70, H=2, K=16, V=16, seed=41)["q"] * 0.3
+    assert_grads(x, dict(arm="full"), extra=(d,))
+
+
+def test_varlen():
+    x = make_inputs(B=1, T=130, H=1, K=16, V=16, seed=42, gmin=1.0)
+    cu = torch.tensor([0, 30, 97, 130], dtype=torch.int32, device=DEV)
+    assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
+
+
+@pytest.mark.parametrize("gmin,gmax", [(40.0, 5.0), (0.0, 0.0)])
+def test_strong_and_zero_decay(gmin, gmax):
+    x = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=43, gmin=gmin, gmax=gmax)
+    assert_grads(x, dict(arm="noproj"), h0=state(x, 1))
+
+
+def test_only_output_or_only_state_gradient():
+    x = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=44)
+    assert_grads(x, dict(arm="full"), use_state=False)
+    assert_grads(x, dict(arm="full"), h0=state(x, 1), use_o=False)
+
+
+def test_probes_are_not_differentiable():
+    x = make_inputs(B=1, T=20, H=1, K=16, V=16, seed=45)
+    _, p = grads(qed_chunk, x, dict(arm="full", return_probes=True))
+    assert all(not t.requires_grad for t in p.values())
+    leaves = {n: t.requires_grad_(True) for n, t in x.items()}
+    with torch.no_grad():
+        o, _, _ = qed_chunk(*args(leaves))
+    assert o.grad_fn is None
+
+
+def test_float32_vs_float64():
+    x64 = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=46)
+    x32 = {n: t.float() for n, t in x64.items()}
+    got, _ = grads(qed_chunk, x32, dict(arm="full"), use_state=False)
+    ref, _ = grads(qed_naive, x64, dict(arm="full"), use_state=False)
+    for n, a, b in zip(NAMES, got, ref):
+        assert a.dtype == torch.float32
+        assert relerr(a, b) < 1e-4, (n, relerr(a, b))
+
+
+# ----------------------------------------------------------------------------------------- GPU
+gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA: the GPU checks run the compiled kernels")
+
+
+@gpu
+@pytest.mark.parametrize("dtype,bound", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("arm", ["full", "nogate_noproj"])
+def test_gpu_long_vs_naive(dtype, bound, arm):
+    B, T, H, K, V = 1, 2048, 2, 128, 128
+    x64 = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=50, device="cuda")
+    x = {n: t.to(dtype) for n, t in x64.items()}
+    x["g"] = x64["g"].float()
+    ref_in = {n: t.double() for n, t in x.items()}
+    h0 = state(x64, B).float()
+    got, _ = grads(qed_chunk, x, dict(arm=arm), h0=h0)
+    ref, _ = grads(qed_naive, ref_in, dict(arm=arm), h0=h0.double())
+    errs = {n: relerr(a, b) for n, a, b in zip(NAMES + ("h0",), got, ref)}
+    print(f"T={T} {dtype} {arm}: grad rel errs {errs}")
+    assert all(e < bound for e in errs.values()), errs
+
+
+@gpu
+def test_gpu_float64_varlen():
+    x = make_inputs(B=1, T=1000, H=2, K=64, V=64, gmin=3.0, seed=51, device="cuda")
+    cu = torch.tensor([0, 100, 433, 1000], dtype=torch.int32, device="cuda")
+    assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
+
+
+@gpu
+def test_gpu_vs_fla_gdn2_backward():
+    """arm="gdn2": gradients equal those of fla's chunk_gdn2 (bf16, K=V=128)."""
+    fla = pytest.importorskip("fla.ops.gdn2")
+    B, T, H, K, V = 2, 2048, 4, 128, 128
+    x = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=52, device="cuda", dtype=torch.bfloat16)
+    x["g"] = x["g"].float()
+    h0 = state(x, B).float()
+
+    def fla_op(q, k, v, g, b, w, lam, *, initial_state, output_final_state, arm):
+        o, s = fla.chunk_gdn2(q, k, v, g, b, w, initial_state=initial_state, output_final_state=True,
+                              use_qk_l2norm_in_kernel=True)
+        return o, s, None  # lam unused: GDN-2 has no QED term
+
+    got, _ = grads(qed_chunk, x, dict(arm="gdn2"), h0=h0)
+    ref, _ = grads(fla_op, x, dict(arm="gdn2"), h0=h0)
+    for n, a, b in zip(NAMES + ("h0",), got, ref):
+        if n == "lam":
+            continue
+        print(f"vs fla chunk_gdn2 backward: d{n} rel err {relerr(a, b):.2e}")
+        assert relerr(a, b) < 3e-2, n
