@@ -1,7 +1,7 @@
 """Compile qed_chunk's kernels for sm_90 on a machine without a GPU (Triton's AOT path and the
 ptxas its wheel carries) and print shared memory, registers and spills per kernel.
 
-    python bench/chunk_aot.py main|warps|scan|intra|fp32|fp64|wrapper|f64k256|k256
+    python bench/chunk_aot.py main|warps|scan|intra|fp32|fp64|wrapper|f64k256|k256|bwd
 
 It reproduced the device's shared-memory figure (294912 B for the float32 scan with two stages)
 exactly, so configurations can be screened here before spending device time.
@@ -13,6 +13,9 @@ from triton.backends.compiler import GPUTarget
 from qedprobe.kernels.qed.chunk import INTRA_CONFIG
 from qedprobe.kernels.qed.chunk_intra import qed_intra_kernel
 from qedprobe.kernels.qed.chunk_scan import qed_scan_kernel
+from qedprobe.kernels.qed.chunk_bwd import DSTATE_CONFIG, INTRA_BWD_CONFIG
+from qedprobe.kernels.qed.chunk_bwd_intra import qed_intra_bwd_kernel
+from qedprobe.kernels.qed.chunk_bwd_scan import qed_dstate_kernel
 TGT = GPUTarget("cuda", 90, 32)
 
 def compile_(kern, ptrs, scalars, consts, num_warps, num_stages):
@@ -58,10 +61,29 @@ def run(dt_in="bf16", ct="fp32", probes=True, K=128, V=128, H=16, inter=None, pr
     BV = BVx or (64 if (BK <= 128 and ct != "fp64") else 32)
     st = stages if stages is not None else (2 if (inter == "bf16" and BK <= 128) else 1)
     scan_p = {n: P(inter) for n in "W U KG QG DG AQK ADK".split()}
-    scan_p.update(GL=P(ct), H0=P(ct), O=P(dt_in), SD=P(ct), HT=P(ct), cu_seqlens=P("i32"), chunk_offsets=P("i32"))
+    scan_p.update(GL=P(ct), H0=P(ct), O=P(dt_in), SD=P(ct), HT=P(ct), HS=P(ct), cu_seqlens=P("i32"), chunk_offsets=P("i32"))
     compile_(qed_scan_kernel, scan_p, dict(T="i32"), dict(H=H, K=K, V=V, BT=64, BK=BK, BV=min(BV, triton.next_power_of_2(V)),
-             USE_H0=True, STORE_HT=True, IS_VARLEN=False, PROBES=probes, DT=DT, PREC=prec, WHILE_LOOP=False),
+             USE_H0=True, STORE_HT=True, IS_VARLEN=False, PROBES=probes, STORE_STATES=False, DT=DT, PREC=prec, WHILE_LOOP=False),
              W or (4 if BK <= 128 else 8), st)
+
+def run_bwd(ct="fp32", K=128, V=128, H=16, prec="tf32x3", W=None, BVx=None):
+    """The two backward kernels as chunk_bwd.core_backward launches them (state dtype ``ct``)."""
+    DT = tl.float32 if ct == "fp32" else tl.float64
+    print(f"--- backward, state dtype {ct}, K={K} V={V}")
+    BK = triton.next_power_of_2(K)
+    BV = BVx or min(DSTATE_CONFIG["BV"], triton.next_power_of_2(V))
+    ptr = lambda names: {n: "*" + ct for n in names.split()}  # noqa: E731
+    sp = ptr("W U KG QG AQK GL HS DO DHT DU DQG DW DKG DGL DAQK DH0")
+    sp.update(cu_seqlens="*i32", chunk_offsets="*i32")
+    compile_(qed_dstate_kernel, sp, dict(T="i32", NTOK="i32", NC="i32"),
+             dict(H=H, K=K, V=V, BT=64, BK=BK, BV=BV, USE_DHT=True, IS_VARLEN=False, DT=DT, PREC=prec,
+                  WHILE_LOOP=False), W or DSTATE_CONFIG["num_warps"], 1)
+    BKS, BVS = min(INTRA_BWD_CONFIG["BKS"], BK), min(INTRA_BWD_CONFIG["BVS"], triton.next_power_of_2(V))
+    ip = ptr("QH KH A AKK W U DU DQG DW DKG DGL DAQK DQ DK DA DG DWV")
+    ip.update(g="*fp32", cu_seqlens="*i32", chunk_indices="*i32")
+    compile_(qed_intra_bwd_kernel, ip, dict(T="i32", scale="fp32"),
+             dict(H=H, K=K, V=V, BT=64, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
+                  IS_VARLEN=False, DT=DT, PREC=prec), W or INTRA_BWD_CONFIG["num_warps"], 1)
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "main"
@@ -97,3 +119,8 @@ if __name__ == "__main__":
     elif what == "k256":
         run("bf16", "fp32", probes=True, K=256, V=256, W=8)
         run("bf16", "fp32", probes=False, K=64, V=64, W=8)
+    elif what == "bwd":
+        run_bwd("fp32", 128, 128)
+        run_bwd("fp32", 256, 256)
+        run_bwd("fp64", 64, 64, prec="ieee")
+        run_bwd("fp64", 128, 128, prec="ieee")

@@ -22,6 +22,11 @@ from .chunk_bwd_intra import qed_intra_bwd_kernel
 from .chunk_bwd_scan import qed_dstate_kernel
 from .naive import prepare_qed
 
+DSTATE_CONFIG = {"BV": 32, "num_warps": 8}
+"""Reverse-scan launch: ptxas (sm_90, float32 state, tf32x3, K=V=128) spills 4.9 KB per thread
+at these settings vs 10.5 KB at BV=64 / 4 warps (``bench/chunk_aot.py bwd``); not yet timed."""
+INTRA_BWD_CONFIG = {"BKS": 32, "BVS": 32, "num_warps": 8}
+
 
 def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
     """Gradients w.r.t. the effective per-token inputs of one ``qed_chunk`` call.
@@ -41,7 +46,7 @@ def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
     ct, dev = states.dtype, states.device
     prec = lay.prec
     BK = triton.next_power_of_2(K)
-    BV = min(64 if (BK <= 128 and ct != torch.float64) else 32, triton.next_power_of_2(V))
+    BV = min(DSTATE_CONFIG["BV"], triton.next_power_of_2(V))
     NV = triton.cdiv(V, BV)
     do = torch.zeros(B, T, H, V, device=dev, dtype=ct) if do is None else do.to(ct).contiguous()
     du = torch.empty(B, T, H, V, device=dev, dtype=ct)
@@ -54,20 +59,20 @@ def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
         dht.contiguous() if dht is not None else dh0, du, dqg, dw, dkg, dgl, daqk, dh0,
         lay.cu, lay.chunk_offsets, T, B * T, lay.NC,
         H=H, K=K, V=V, BT=lay.BT, BK=BK, BV=BV, USE_DHT=dht is not None, IS_VARLEN=lay.cu is not None,
-        DT=lay.DT, PREC=prec, WHILE_LOOP=lay.interpreting, num_warps=4 if BK <= 128 else 8, num_stages=1,
+        DT=lay.DT, PREC=prec, WHILE_LOOP=lay.interpreting, num_warps=DSTATE_CONFIG["num_warps"], num_stages=1,
     )
     dqg, dw, dkg, dgl, daqk = (x.sum(0) for x in (dqg, dw, dkg, dgl, daqk))
 
     dq, dk, da, dg = (torch.empty(B, T, H, K, device=dev, dtype=ct) for _ in range(4))
     dwv = torch.empty(B, T, H, V, device=dev, dtype=ct)
-    BKS = min(32, BK)
-    BVS = min(32, triton.next_power_of_2(V))
+    BKS = min(INTRA_BWD_CONFIG["BKS"], BK)
+    BVS = min(INTRA_BWD_CONFIG["BVS"], triton.next_power_of_2(V))
     qed_intra_bwd_kernel[lay.grid](
         q_hat.contiguous(), k_hat.contiguous(), a.contiguous(), g.contiguous(), bufs["AKK"], bufs["W"],
         bufs["U"], du, dqg, dw, dkg, dgl, daqk, dq, dk, da, dg, dwv,
         lay.cu, lay.chunk_indices, T, scale,
         H=H, K=K, V=V, BT=lay.BT, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
-        IS_VARLEN=lay.cu is not None, DT=lay.DT, PREC=prec, num_warps=8, num_stages=1,
+        IS_VARLEN=lay.cu is not None, DT=lay.DT, PREC=prec, num_warps=INTRA_BWD_CONFIG["num_warps"], num_stages=1,
     )
     return dq, dk, da, dwv, dg, dh0
 
