@@ -7,6 +7,8 @@ Rows (median of ``triton.testing.do_bench``, bf16 inputs, float32 log-decay, qk 
   ``--dplr`` adds fla ``chunk_dplr_delta_rule`` (its first call autotunes for ~80 s);
 * every arm, probes off and on, same shape;
 * T = 1K .. 32K with B*T = 32K tokens (B = 32 .. 1), qed vs fla;
+* forward + backward (one layer's training step: ``torch.autograd.grad`` of ``o`` w.r.t. every
+  input, the Triton backward of ``kernels/qed/chunk_bwd.py``), qed vs fla ``chunk_gdn2``;
 * a decode row from ``bench/recurrent_decode.py`` (``bench_decode``) when that file exists.
 Prints a markdown table last and writes it (and a JSON of all rows) to ``$OUT`` when set.
 """
@@ -59,6 +61,15 @@ def qed_fn(x, arm="full", probes=False):
 def fla_fn(x):
     from fla.ops.gdn2 import chunk_gdn2
     return lambda: chunk_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], use_qk_l2norm_in_kernel=True)
+
+
+def fwd_bwd(fn_of_x, x, names):
+    """One layer's training step: ``o = fn_of_x(leaves)()[0]``, then ``d o / d leaves[names]``."""
+    leaves = {n: (t.detach().requires_grad_(True) if n in names else t) for n, t in x.items()}
+    f = fn_of_x(leaves)
+    do = torch.randn_like(x["v"])
+    wrt = [leaves[n] for n in names]
+    return lambda: torch.autograd.grad(f()[0], wrt, do)
 
 
 def dplr_fn(x):
@@ -117,6 +128,13 @@ def main() -> int:
     row("qed_chunk fwd (full) + probes", shape, ms(qed_fn(x, probes=True)), fla_ms)
     P(f"bytes in+out once: {nbytes / 1e9:.3f} GB -> {nbytes / q_ms / 1e6:.0f} GB/s effective, "
       f"floor at 4.3 TB/s {nbytes / 4.3e9:.3f} ms")
+    fb_ms = None
+    if have_fla and not a.no_fla:
+        fb_ms = row("fla chunk_gdn2 fwd+bwd", shape, ms(fwd_bwd(fla_fn, x, "qkvgbw")), note="(anchor 11.25 ms)")
+    try:
+        row("qed_chunk fwd+bwd (full)", shape, ms(fwd_bwd(qed_fn, x, ("q", "k", "v", "g", "b", "w", "lam"))), fb_ms)
+    except Exception as err:  # noqa: BLE001 - report and go on with the forward rows
+        P("qed_chunk fwd+bwd failed:", repr(err)[:300])
     if a.parts:
         from torch.profiler import ProfilerActivity, profile
         fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))]
