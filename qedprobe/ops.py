@@ -11,7 +11,8 @@ All ops share one signature::
 * ``qed_chunk``: chunked Triton forward (prefill).      [kernels/qed/chunk.py]
 * ``qed_recurrent``: token-by-token Triton kernel (decode). [kernels/qed/fused_recurrent.py]
 * ``qed_attention(..., mode="auto")``: Triton on CUDA tensors (recurrent for T == 1, chunk
-  otherwise), ``qed_chunk_torch`` on CPU tensors.
+  otherwise); on CPU tensors the token loop for T == 1 (a decode step) and ``qed_chunk_torch``
+  otherwise.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def qed_attention(q, k, v, g, b, w, lam, *, mode="auto", **kwargs):
     if mode not in MODES:
         raise ValueError(f"qed_attention: `mode` must be one of {MODES}, got {mode!r}")
     if mode == "auto":
-        if not q.is_cuda:
-            mode = "torch"
+        one_step = q.shape[1] == 1
+        if q.is_cuda:
+            mode = "recurrent" if one_step else "chunk"
         else:
-            mode = "recurrent" if q.shape[1] == 1 else "chunk"
+            mode = "naive" if one_step else "torch"
     return OPS[mode](q, k, v, g, b, w, lam, **kwargs)
