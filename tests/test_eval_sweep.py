@@ -191,3 +191,15 @@ def test_report_two_arms_paired(tmp_path, capsys):
                                                  "b": 4, "c": 1, "p": 0.375}
     assert rj["paired_tests"]["other-data"]["1024"]["unmatched"] == 10
     assert commands.main(["report", str(tmp_path / "nope")]) == 2
+
+
+def test_summary_table_prints_every_cell_with_paired_columns():
+    from qedprobe.eval.commands import summary_table
+
+    rows = [dict(length=512, s=1.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, b=0, c=0, mcnemar_p=1.0),
+            dict(length=512, s=2.0, n=20, accuracy=0.75, ci_low=0.53, ci_high=0.89, b=6, c=1, mcnemar_p=0.125),
+            dict(length=512, s=0.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, b=None, c=None, mcnemar_p=None)]
+    lines = summary_table(rows).splitlines()
+    assert len(lines) == 5
+    assert lines[3] == "| 512 | 2 | 20 | 0.750 | 0.530-0.890 | 6 | 1 | 0.125 |"
+    assert lines[4].endswith("| None | None | - |")

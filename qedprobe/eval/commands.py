@@ -195,10 +195,21 @@ def run_sweep_cmd(args) -> int:
     except SweepError as exc:
         return _fail("sweep", exc)
     timing = run_sweep.last_timing
+    print(summary_table(summary))
     print(f"wrote {Path(args.out) / 'summary.csv'} ({len(summary)} cells); "
           f"model time {timing.get('model_s', 0):.1f} s, "
           f"{timing.get('prefill_tokens_per_s', 0):,.0f} prompt tokens/s")
     return 0
+
+
+def summary_table(summary) -> str:
+    """The summary rows as a markdown table: accuracy, Wilson 95% interval, McNemar vs the reference s."""
+    lines = ["| length | s | n | accuracy | 95% CI | b | c | McNemar p |", "|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
+        lines.append(f"| {r['length']} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
+                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['b']} | {r['c']} | {p} |")
+    return "\n".join(lines)
 
 
 def run_report_cmd(args) -> int:
