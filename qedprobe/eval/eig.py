@@ -243,8 +243,8 @@ class EigAccumulator:
         return paths
 
     def plot(self, out) -> list[Path]:
-        from .sweep import _plt
-        plt = _plt()
+        from .plots import pyplot
+        plt = pyplot()
         out = Path(out)
         paths = []
         L = len(self.layers)

@@ -24,7 +24,8 @@ import math
 from pathlib import Path
 
 from .stats import mcnemar_exact
-from .sweep import SweepError, _plt, _skey, load_results, summarize
+from .plots import accuracy_errorbar, format_length, pyplot, save_accuracy_figure
+from .sweep import SweepError, _skey, load_results, summarize
 
 __all__ = ["load_sweep", "build_report", "paired_between"]
 
@@ -68,10 +69,6 @@ def paired_between(rows_a, rows_b, s_a=1.0, s_b=1.0) -> dict:
                        "acc_b": (sum(B[k][0] for k in same) / n) if n else math.nan,
                        "b": b, "c": c, "p": mcnemar_exact(b, c) if n else math.nan}
     return out
-
-
-def _fmt_len(L):
-    return f"{L // 1024}K" if L % 1024 == 0 else str(L)
 
 
 def _fmt_p(p):
@@ -123,7 +120,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
             r = sw["summary"].get(L)
             cells.append("-" if r is None else
                          f"{100 * r['accuracy']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]; {r['n']}")
-        lines.append(f"| {_fmt_len(L)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
     lines.append("")
     tests = {}
     if len(sweeps) > 1:
@@ -143,7 +140,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
             for L, v in res.items():
                 if not v["n_paired"]:
                     continue
-                lines.append(f"| {sw['label']} | {_fmt_len(L)} | {v['n_paired']} | {100 * v['acc_b']:.1f} | "
+                lines.append(f"| {sw['label']} | {format_length(L)} | {v['n_paired']} | {100 * v['acc_b']:.1f} | "
                              f"{100 * v['acc_a']:.1f} | {v['b']} | {v['c']} | {_fmt_p(v['p'])} |")
         lines.append("")
     for sw in sweeps:
@@ -166,7 +163,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
                     cells.append(f"{100 * r['accuracy']:.1f}")
                 else:
                     cells.append(f"{100 * r['accuracy']:.1f} (p={_fmt_p(r['mcnemar_p'])}; {r['b']}/{r['c']})")
-            lines.append(f"| {_fmt_len(L)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
         lines.append("")
     md = "\n".join(lines)
     if out is not None:
@@ -184,29 +181,10 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
 
 
 def _plot(sweeps, lengths, path, title):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for sw in sweeps:
         pts = [(L, sw["summary"][L]) for L in lengths if L in sw["summary"]]
-        if not pts:
-            continue
-        x = [p[0] for p in pts]
-        y = [100 * p[1]["accuracy"] for p in pts]
-        err = [[100 * (p[1]["accuracy"] - p[1]["ci_low"]) for p in pts],
-               [100 * (p[1]["ci_high"] - p[1]["accuracy"]) for p in pts]]
-        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=f"{sw['label']} (s={sw['s']:g})")
-    if len(lengths) > 1:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths)
-        ax.set_xticklabels([_fmt_len(L) for L in lengths])
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("accuracy (%), Wilson 95% CI")
-    ax.set_ylim(-3, 103)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
+        if pts:
+            accuracy_errorbar(ax, pts, label=f"{sw['label']} (s={sw['s']:g})")
+    save_accuracy_figure(fig, ax, path, xlabel="context length (tokens)", title=title, lengths=lengths)

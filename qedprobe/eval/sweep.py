@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from .plots import accuracy_errorbar, pyplot, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
 from .tasks import NIAHTask, score
 
@@ -267,16 +268,9 @@ def write_summary(summary: list[dict], out) -> list[Path]:
     return paths
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
     """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length)."""
-    plt = _plt()
+    plt = pyplot()
     out = Path(out)
     lengths = sorted({r["length"] for r in summary})
     strengths = sorted({r["s"] for r in summary})
@@ -290,29 +284,10 @@ def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
         for j, ser in enumerate(series):
             pts = [(x, cell.get((x, ser) if fname == "acc_vs_length.png" else (ser, x))) for x in xs]
             pts = [(x, r) for x, r in pts if r is not None and r["n"]]
-            if not pts:
-                continue
-            x = [p[0] for p in pts]
-            y = [100 * p[1]["accuracy"] for p in pts]
-            err = [[100 * (p[1]["accuracy"] - p[1]["ci_low"]) for p in pts],
-                   [100 * (p[1]["ci_high"] - p[1]["accuracy"]) for p in pts]]
-            ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3,
-                        color=cmap(j / max(1, len(series) - 1)), label=legend.format(ser))
-        if fname == "acc_vs_length.png" and len(lengths) > 1:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(lengths)
-            ax.set_xticklabels([f"{L // 1024}K" if L % 1024 == 0 else str(L) for L in lengths])
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("accuracy (%), Wilson 95% CI")
-        ax.set_ylim(-3, 103)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        if title:
-            ax.set_title(title, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
-        plt.close(fig)
-        paths.append(out / fname)
+            if pts:
+                accuracy_errorbar(ax, pts, color=cmap(j / max(1, len(series) - 1)), label=legend.format(ser))
+        paths.append(save_accuracy_figure(fig, ax, out / fname, xlabel=xlabel, title=title,
+                                          lengths=lengths if fname == "acc_vs_length.png" else None))
     return paths
 
 

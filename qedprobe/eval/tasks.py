@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 from array import array
 import hashlib
-import math
 import random
 import re
 import uuid
