@@ -82,7 +82,7 @@ def run_bwd(ct="fp32", K=128, V=128, H=16, prec="tf32x3", W=None, BVx=None):
     ip = ptr("QH KH A AKK W U DU DQG DW DKG DGL DAQK DQ DK DA DG DWV")
     ip.update(g="*fp32", cu_seqlens="*i32", chunk_indices="*i32")
     compile_(qed_intra_bwd_kernel, ip, dict(T="i32", scale="fp32"),
-             dict(H=H, K=K, V=V, BT=64, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
+             dict(H=H, K=K, V=V, BT=64, BC=16, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
                   IS_VARLEN=False, DT=DT, PREC=prec), W or INTRA_BWD_CONFIG["num_warps"], 1)
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from .chunk_bwd import input_grads
 from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_intra_kernel
@@ -221,6 +222,7 @@ class _QEDChunkFunction(torch.autograd.Function):
     """Autograd for ``qed_chunk``: Triton forward, Triton backward (``chunk_bwd.py``).
 
     Differentiable outputs: ``o`` and the final state; probes are observations (no gradient).
+    Once differentiable (no double backward).
     """
 
     @staticmethod
@@ -234,6 +236,7 @@ class _QEDChunkFunction(torch.autograd.Function):
         return o, ht, probes
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do, dht, _dprobes):
         P, arm, z, _, _, use_qk_l2norm, cu_seqlens = ctx.opts
         q, k, v, g, b, w, lam, d, h0 = ctx.saved_tensors

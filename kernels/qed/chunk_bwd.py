@@ -71,7 +71,7 @@ def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
         q_hat.contiguous(), k_hat.contiguous(), a.contiguous(), g.contiguous(), bufs["AKK"], bufs["W"],
         bufs["U"], du, dqg, dw, dkg, dgl, daqk, dq, dk, da, dg, dwv,
         lay.cu, lay.chunk_indices, T, scale,
-        H=H, K=K, V=V, BT=lay.BT, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
+        H=H, K=K, V=V, BT=lay.BT, BC=16, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
         IS_VARLEN=lay.cu is not None, DT=lay.DT, PREC=prec, num_warps=INTRA_BWD_CONFIG["num_warps"], num_stages=1,
     )
     return dq, dk, da, dwv, dg, dh0

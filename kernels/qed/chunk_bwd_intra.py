@@ -15,8 +15,11 @@ blocks ``dqg, dW, dkg, dgamma, dA_qk``)::
         dG += dqg qg + d(a e^G) a e^G - dkg kg,  dG_last += sum_t dkg kg + dgamma gamma
     dg_t = sum_{s >= t} dG_s + dG_last                       (G is the cumsum of g)
 
-One program per chunk and head. The score terms loop over the chunk's 64 columns ``j`` with
-exact per-element decays ``e^{G_t - G_j} <= 1`` (``t >= j``), so any ``g <= 0`` is safe; key
+One program per chunk and head. The score terms go by ``BC = 16``-token blocks: off-diagonal
+blocks as tensor-core products with a reference point inside the pair (both decay factors
+<= 1), diagonal blocks with exact per-element decays ``e^{G_t - G_j} <= 1`` (``t >= j``); so any
+``g <= 0`` is safe. ``dA_kk`` is written over the ``AKK`` scratch (it held ``Tm``); the score
+terms go to ``DQ, DA, DK`` and ``d(a e^G)`` to ``DG`` first, read back in the final pass. Key
 channels are handled in slices of ``BKS`` (every term above is channel-local once ``dA`` is
 known). Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, ``d(wv)``.
 """
@@ -25,12 +28,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_intra import _put, _tile
+from .chunk_intra import _put, _row, _tile
 
 
 @triton.jit
 def _score_terms(qs, kh, a, G, dAqk, dAkk, o_t, BT: tl.constexpr):
-    """Gradients of ``A_qk`` and ``A_kk`` w.r.t. qs, a, k on one ``[BT, BKS]`` slice."""
+    """Exact gradients of the score blocks w.r.t. qs, a, k on one ``[BT, BKS]`` diagonal block.
+
+    ``dAqk`` / ``dAkk`` are the block's ``[BT, BT]`` gradients (already masked); decays are formed
+    per element, ``e^{G_t - G_j} <= 1`` for ``t >= j``.
+    """
     dqp = qs * 0.
     dap = qs * 0.
     dkp = qs * 0.
@@ -48,14 +55,81 @@ def _score_terms(qs, kh, a, G, dAqk, dAkk, o_t, BT: tl.constexpr):
     return dqp, dap, dkp
 
 
+@triton.jit
+def _block(X, g, g_f, rows, m_r, cols, m_c, o_t, J: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+           BC: tl.constexpr, DT: tl.constexpr):
+    """Row block ``J`` (``BC`` tokens) of ``X`` and of the within-chunk cumsum ``G``."""
+    prefix = tl.sum(tl.where(o_t[:, None] < J * BC, g_f, 0.), 0)
+    G = tl.cumsum(_tile(g, rows, m_r, cols, m_c, H * K, DT), 0) + prefix[None, :]
+    return _tile(X, rows, m_r, cols, m_c, H * K, DT), G
+
+
+@triton.jit
+def _dblock(D, rows, m_r, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT: tl.constexpr,
+            BC: tl.constexpr, DT: tl.constexpr):
+    """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]``-per-chunk score gradient."""
+    cols = J * BC + tl.arange(0, BC)
+    return _tile(D, rows, m_r, cols, cols < BT, H * BT, DT)
+
+
+@triton.jit
+def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
+                 I: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                 DT: tl.constexpr, PREC: tl.constexpr):
+    """Score-term gradients of row block ``I``: ``dqs, da`` (from column blocks ``J <= I``) and
+    ``dk`` (from row blocks ``I' >= I``), written to ``DQ, DA, DK``.
+
+    Off-diagonal blocks are products with the reference point ``s`` = first row of the later
+    block: ``e^{G_t - G_j} = e^{G_t - G_s} e^{G_s - G_j}``, both factors <= 1; diagonal blocks use
+    exact per-element decays (:func:`_score_terms`).
+    """
+    o_c = tl.arange(0, BC)
+    rI = r0 + I * BC + o_c
+    mI = rI < eos
+    kI, GI = _block(KH, g, g_f, rI, mI, cols, m_c, o_t, I, H, K, BC, DT)
+    qI = _tile(QH, rI, mI, cols, m_c, H * K, DT) * scale
+    aI = _tile(A, rI, mI, cols, m_c, H * K, DT)
+    causal = o_c[:, None] >= o_c[None, :]
+    dq, da, dk = _score_terms(qI, kI, aI, GI,
+                              tl.where(causal, _dblock(DAQK, rI, mI, I, I, H, BT, BC, DT), 0.),
+                              tl.where(o_c[:, None] > o_c[None, :], _dblock(DAKK, rI, mI, I, I, H, BT, BC, DT), 0.),
+                              o_c, BC)
+    sI = _row(GI, 0, BC)
+    accq = dq * 0.
+    acca = dq * 0.
+    for J in tl.static_range(I):
+        rJ = r0 + J * BC + o_c
+        mJ = rJ < eos
+        kJ, GJ = _block(KH, g, g_f, rJ, mJ, cols, m_c, o_t, J, H, K, BC, DT)
+        ke = kJ * tl.exp(sI[None, :] - GJ)
+        accq += tl.dot(_dblock(DAQK, rI, mI, I, J, H, BT, BC, DT), ke, input_precision=PREC)
+        acca += tl.dot(_dblock(DAKK, rI, mI, I, J, H, BT, BC, DT), ke, input_precision=PREC)
+    eI = tl.exp(GI - sI[None, :])
+    dq += eI * accq
+    da += eI * acca
+    for I2 in tl.static_range(I + 1, BT // BC):
+        r2 = r0 + I2 * BC + o_c
+        m2 = r2 < eos
+        a2, G2 = _block(A, g, g_f, r2, m2, cols, m_c, o_t, I2, H, K, BC, DT)
+        q2 = _tile(QH, r2, m2, cols, m_c, H * K, DT) * scale
+        s2 = _row(G2, 0, BC)
+        e2 = tl.exp(G2 - s2[None, :])
+        acc = (tl.dot(tl.trans(_dblock(DAQK, r2, m2, I2, I, H, BT, BC, DT)), q2 * e2, input_precision=PREC)
+               + tl.dot(tl.trans(_dblock(DAKK, r2, m2, I2, I, H, BT, BC, DT)), a2 * e2, input_precision=PREC))
+        dk += tl.exp(s2[None, :] - GI) * acc
+    _put(DQ, dq, rI, mI, cols, m_c, H * K)
+    _put(DA, da, rI, mI, cols, m_c, H * K)
+    _put(DK, dk, rI, mI, cols, m_c, H * K)
+
+
 @triton.jit(do_not_specialize=['T'])
 def qed_intra_bwd_kernel(
     QH, KH, A, g, AKK, W, U, DU, DQG, DW, DKG, DGL, DAQK,
     DQ, DK, DA, DG, DWV,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr, NV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr,
+    NV: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -78,8 +152,6 @@ def qed_intra_bwd_kernel(
     DAQK += i_h * BT
     Tm = tl.load(AKK + rows[:, None] * (H * BT) + o_t[None, :],
                  mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(DT)
-    dAqk = tl.load(DAQK + rows[:, None] * (H * BT) + o_t[None, :],
-                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(DT)
 
     # ---- dA_kk = -(d(wv) U^T + d(a e^G) W^T); d(wv) = Tm^T dU is an output
     dAkk = tl.zeros([BT, BT], dtype=DT)
@@ -97,30 +169,51 @@ def qed_intra_bwd_kernel(
         cols = i_k * BKS + tl.arange(0, BKS)
         m_c = cols < K
         dag = tl.dot(tl.trans(Tm), _tile(DW + off, rows, m_t, cols, m_c, H * K, DT), input_precision=PREC)
+        _put(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read back below
         dAkk -= tl.dot(dag, tl.trans(_tile(W + off, rows, m_t, cols, m_c, H * K, DT)), input_precision=PREC)
     dAkk = tl.where(o_t[:, None] > o_t[None, :], dAkk, 0.)
+    tl.debug_barrier()
+    _put(AKK, dAkk, rows, m_t, o_t, o_t < BT, H * BT)  # AKK now holds dA_kk
+    tl.debug_barrier()
 
-    # ---- per key-channel slice: elementwise terms, score terms, reverse cumsum of dG
+    # ---- per key-channel slice: score terms per row block (to DQ, DA, DK), then the
+    # elementwise terms and the reverse cumsum of dG over the whole chunk
+    QH += off
+    KH += off
+    A += off
+    g += off
+    DQ += off
+    DA += off
+    DK += off
+    DG += off
+    r0 = bos + i_t * BT
     for i_k in range(NK):
         cols = i_k * BKS + tl.arange(0, BKS)
         m_c = cols < K
-        g_f = _tile(g + off, rows, m_t, cols, m_c, H * K, DT)
+        g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
+        for I in tl.static_range(BT // BC):
+            _block_terms(QH, KH, A, g, DAQK, AKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
+                         I, H, K, BT, BC, DT, PREC)
+        tl.debug_barrier()
         G = tl.cumsum(g_f, 0)
         gl = tl.sum(g_f, 0)
-        qs = _tile(QH + off, rows, m_t, cols, m_c, H * K, DT) * scale
-        kh = _tile(KH + off, rows, m_t, cols, m_c, H * K, DT)
-        a = _tile(A + off, rows, m_t, cols, m_c, H * K, DT)
+        qs = _tile(QH, rows, m_t, cols, m_c, H * K, DT) * scale
+        kh = _tile(KH, rows, m_t, cols, m_c, H * K, DT)
+        a = _tile(A, rows, m_t, cols, m_c, H * K, DT)
+        dqp = _tile(DQ, rows, m_t, cols, m_c, H * K, DT)
+        dap = _tile(DA, rows, m_t, cols, m_c, H * K, DT)
+        dkp = _tile(DK, rows, m_t, cols, m_c, H * K, DT)
         eg = tl.where(m_t[:, None], tl.exp(G), 0.)
         ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
         dqg = _tile(DQG + off, rows, m_t, cols, m_c, H * K, DT)
         dkg = _tile(DKG + off, rows, m_t, cols, m_c, H * K, DT)
-        dag = tl.dot(tl.trans(Tm), _tile(DW + off, rows, m_t, cols, m_c, H * K, DT), input_precision=PREC)
+        dag = _tile(DG, rows, m_t, cols, m_c, H * K, DT)
         dgam = tl.load(DGL + (i_g * H + i_h) * K + cols, mask=m_c, other=0.).to(DT)
-        dqp, dap, dkp = _score_terms(qs, kh, a, G, dAqk, dAkk, o_t, BT)
         kgd = dkg * kh * ekl
         dG = dqg * qs * eg + dag * a * eg - kgd + qs * dqp + a * dap - kh * dkp
         dgl = tl.sum(kgd, 0) + dgam * tl.exp(gl)
-        _put(DQ + off, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
-        _put(DA + off, dag * eg + dap, rows, m_t, cols, m_c, H * K)
-        _put(DK + off, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
-        _put(DG + off, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)
+        tl.debug_barrier()
+        _put(DQ, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
+        _put(DA, dag * eg + dap, rows, m_t, cols, m_c, H * K)
+        _put(DK, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
+        _put(DG, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)
