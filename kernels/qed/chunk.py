@@ -51,7 +51,7 @@ from torch.autograd.function import once_differentiable
 from .chunk_bwd import input_grads
 from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_intra_kernel
 from .chunk_scan import qed_scan_kernel
-from .inputs import check_qed_inputs
+from .inputs import QEDProblem, check_qed_inputs
 
 BT = 64
 BC = 16
@@ -70,18 +70,13 @@ def _tl_dtype(dt: torch.dtype):
 class Layout:
     """Chunk bookkeeping of one call, shared by the forward and backward launches.
 
-    ``NC`` chunks in all; ``grid`` the per-chunk launch grid; with ``cu_seqlens``, ``cu``,
+    ``P`` the validated call (sizes); ``NC`` chunks in all; ``grid`` the per-chunk launch grid; with ``cu_seqlens``, ``cu``,
     ``chunk_indices`` (``[NC, 2]``: sequence, chunk within it) and ``chunk_offsets`` (first chunk
     of each sequence), else ``None``. ``DT`` is the state dtype as a Triton type, ``prec`` the
     ``tl.dot`` input precision.
     """
 
-    B: int
-    T: int
-    H: int
-    K: int
-    V: int
-    N: int
+    P: QEDProblem
     NC: int
     BT: int
     grid: tuple
@@ -106,7 +101,7 @@ def _layout(P, cu_seqlens, dev, prec) -> Layout:
     else:
         chunk_indices = chunk_offsets = cu = None
         NC, grid = P.B * triton.cdiv(P.T, BT), (triton.cdiv(P.T, BT), P.B * P.H)
-    return Layout(B=P.B, T=P.T, H=P.H, K=P.K, V=P.V, N=P.N, NC=NC, BT=BT, grid=grid, cu=cu,
+    return Layout(P=P, NC=NC, BT=BT, grid=grid, cu=cu,
                   chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                   DT=_tl_dtype(P.compute_dtype), prec=prec, interpreting=_interpreting())
 
@@ -135,7 +130,7 @@ def _intra(lay, P, x, inter, probes):
     Returns the buffers ``W, U, KG, QG, AQK, GL, AKK`` (``AKK`` ends as ``(I + A_kk)^{-1}``) and,
     with ``probes``, ``DG, ADK, rho, eig, dpr``.
     """
-    B, T, H, K, V, dev, ct = lay.B, lay.T, lay.H, lay.K, lay.V, x["q"].device, P.compute_dtype
+    B, T, H, K, V, dev, ct = P.B, P.T, P.H, P.K, P.V, x["q"].device, P.compute_dtype
     bk = lambda dt: torch.empty(B, T, H, K, device=dev, dtype=dt)  # noqa: E731
     bufs = {"W": bk(inter), "KG": bk(inter), "QG": bk(inter),
             "U": torch.empty(B, T, H, V, device=dev, dtype=inter),
@@ -163,7 +158,7 @@ def _intra(lay, P, x, inter, probes):
 
 def _scan(lay, P, bufs, h0, o, ht, sd, states):
     """Launch the scan kernel: writes ``o`` and, when given, ``ht``, ``sd`` and ``states``."""
-    K, V, ct = lay.K, lay.V, P.compute_dtype
+    K, V, ct = P.K, P.V, P.compute_dtype
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and ct != torch.float64) else 32
     BV = min(BV, triton.next_power_of_2(V))
@@ -174,12 +169,12 @@ def _scan(lay, P, bufs, h0, o, ht, sd, states):
     probes = sd is not None
     gl = bufs["GL"]
     try:
-        qed_scan_kernel[(triton.cdiv(V, BV), lay.N * lay.H)](
+        qed_scan_kernel[(triton.cdiv(V, BV), P.N * P.H)](
             bufs["W"], bufs["U"], bufs["KG"], bufs["QG"], bufs["DG"] if probes else bufs["QG"], bufs["AQK"],
             bufs["ADK"] if probes else bufs["AQK"], gl, h0 if h0 is not None else gl, o,
             sd if probes else o, ht if ht is not None else gl, states if states is not None else gl,
-            lay.cu, lay.chunk_offsets, lay.T,
-            H=lay.H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            lay.cu, lay.chunk_offsets, P.T,
+            H=P.H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             USE_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=lay.cu is not None,
             PROBES=probes, STORE_STATES=states is not None, DT=lay.DT, PREC=lay.prec,
             WHILE_LOOP=lay.interpreting, num_warps=4 if BK <= 128 else 8, num_stages=stages,

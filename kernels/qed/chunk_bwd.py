@@ -42,7 +42,7 @@ def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
     Returns:
         ``(dq_hat, dk_hat, da, dwv, dg, dh0)`` in the state dtype.
     """
-    B, T, H, K, V = lay.B, lay.T, lay.H, lay.K, lay.V
+    B, T, H, K, V, N = lay.P.B, lay.P.T, lay.P.H, lay.P.K, lay.P.V, lay.P.N
     ct, dev = states.dtype, states.device
     prec = lay.prec
     BK = triton.next_power_of_2(K)
@@ -53,8 +53,8 @@ def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
     dqg, dw, dkg = (torch.empty(NV, B, T, H, K, device=dev, dtype=ct) for _ in range(3))
     dgl = torch.empty(NV, lay.NC, H, K, device=dev, dtype=ct)
     daqk = torch.empty(NV, B, T, H, lay.BT, device=dev, dtype=ct)
-    dh0 = torch.empty(lay.N, H, K, V, device=dev, dtype=ct)
-    qed_dstate_kernel[(NV, lay.N * H)](
+    dh0 = torch.empty(N, H, K, V, device=dev, dtype=ct)
+    qed_dstate_kernel[(NV, N * H)](
         bufs["W"], bufs["U"], bufs["KG"], bufs["QG"], bufs["AQK"], bufs["GL"], states, do,
         dht.contiguous() if dht is not None else dh0, du, dqg, dw, dkg, dgl, daqk, dh0,
         lay.cu, lay.chunk_offsets, T, B * T, lay.NC,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_intra import _put, _row, _tile
+from .chunk_intra import _put, _row, _tile, chunk_position
 
 
 @triton.jit
@@ -131,19 +131,7 @@ def qed_intra_bwd_kernel(
     BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr,
     NV: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        i_g = i_c
-    else:
-        i_t = i_c
-        bos = i_b * T
-        eos = bos + T
-        i_g = i_b * tl.cdiv(T, BT) + i_t
+    i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
 
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t

@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chunk_scan import sequence_span
+
 
 @triton.jit
 def _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
@@ -73,16 +75,7 @@ def qed_dstate_kernel(
 ):
     i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
-        NT = tl.cdiv(eos - bos, BT)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        NT = tl.cdiv(T, BT)
-        c0 = i_n * NT
+    bos, eos, NT, c0 = sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT, IS_VARLEN)
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)

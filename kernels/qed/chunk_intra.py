@@ -238,17 +238,11 @@ def _blk(A, rows_i, m_i, J: tl.constexpr, H: tl.constexpr, BT: tl.constexpr, BC:
     return _tile(A, rows_i, m_i, cols, cols < BT, H * BT, DT)
 
 
-@triton.jit(do_not_specialize=['T'])
-def qed_intra_kernel(
-    q, k, v, g, b, w, lam, z, d_in,
-    W, U, KG, QG, DG, AQK, ADK, AKK, GL, RHO, EIG, DPR,
-    cu_seqlens, chunk_indices, T, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr,
-    NK: tl.constexpr, NV: tl.constexpr,
-    ARM: tl.constexpr, LAM_TOKEN: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PROBES: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr,
-):
+@triton.jit
+def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):
+    ``(i_h, i_t, i_g, bos, eos)`` = head, chunk within its sequence, global chunk index and the
+    sequence's token span in the flattened ``B * T`` rows."""
     i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
@@ -262,6 +256,21 @@ def qed_intra_kernel(
         bos = i_b * T
         eos = bos + T
         i_g = i_b * tl.cdiv(T, BT) + i_t
+    return i_h, i_t, i_g, bos, eos
+
+
+@triton.jit(do_not_specialize=['T'])
+def qed_intra_kernel(
+    q, k, v, g, b, w, lam, z, d_in,
+    W, U, KG, QG, DG, AQK, ADK, AKK, GL, RHO, EIG, DPR,
+    cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr,
+    NK: tl.constexpr, NV: tl.constexpr,
+    ARM: tl.constexpr, LAM_TOKEN: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PROBES: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr,
+):
+    i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
 
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)

@@ -51,6 +51,23 @@ def _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, stri
     return S
 
 
+@triton.jit
+def sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Sequence ``i_n``: ``(bos, eos, NT, c0)`` = token span in the flattened ``B * T`` rows,
+    number of chunks and index of its first chunk."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+        NT = tl.cdiv(eos - bos, BT)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        NT = tl.cdiv(T, BT)
+        c0 = i_n * NT
+    return bos, eos, NT, c0
+
+
 @triton.jit(do_not_specialize=['T'])
 def qed_scan_kernel(
     W, U, KG, QG, DG, AQK, ADK, GL, H0, O, SD, HT, HS,
@@ -63,16 +80,7 @@ def qed_scan_kernel(
 ):
     i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
-        NT = tl.cdiv(eos - bos, BT)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        NT = tl.cdiv(T, BT)
-        c0 = i_n * NT
+    bos, eos, NT, c0 = sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT, IS_VARLEN)
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
