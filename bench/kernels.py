@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--parts", action="store_true", help="per-kernel times (torch.profiler)")
     ap.add_argument("--no-fla", action="store_true", help="leave fla out of the main shape")
     ap.add_argument("--fla-ms", type=float, default=None, help="fla chunk_gdn2 time to use for ratios")
+    ap.add_argument("--fla-fb-ms", type=float, default=None,
+                    help="fla chunk_gdn2 forward+backward time to use for ratios (anchor: 11.25)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; optional sections stop after")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -128,7 +130,7 @@ def main() -> int:
     row("qed_chunk fwd (full) + probes", shape, ms(qed_fn(x, probes=True)), fla_ms)
     P(f"bytes in+out once: {nbytes / 1e9:.3f} GB -> {nbytes / q_ms / 1e6:.0f} GB/s effective, "
       f"floor at 4.3 TB/s {nbytes / 4.3e9:.3f} ms")
-    fb_ms = None
+    fb_ms = a.fla_fb_ms
     if have_fla and not a.no_fla:
         fb_ms = row("fla chunk_gdn2 fwd+bwd", shape, ms(fwd_bwd(fla_fn, x, "qkvgbw")), note="(anchor 11.25 ms)")
     try:
