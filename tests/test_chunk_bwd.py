@@ -69,6 +69,13 @@ def test_varlen():
     assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
 
 
+def test_several_key_and_value_slices():
+    """K, V beyond one 32-channel slice (and not powers of two): per-slice loops and the
+    per-value-block partial sums."""
+    x = make_inputs(B=1, T=70, H=1, K=48, V=40, seed=47)
+    assert_grads(x, dict(arm="full"), h0=state(x, 1))
+
+
 @pytest.mark.parametrize("gmin,gmax", [(40.0, 5.0), (0.0, 0.0)])
 def test_strong_and_zero_decay(gmin, gmax):
     x = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=43, gmin=gmin, gmax=gmax)
