@@ -73,13 +73,13 @@ def run_bwd(ct="fp32", K=128, V=128, H=16, prec="tf32x3", W=None, BVx=None):
     BK = triton.next_power_of_2(K)
     BV = BVx or min(DSTATE_CONFIG["BV"], triton.next_power_of_2(V))
     ptr = lambda names: {n: "*" + ct for n in names.split()}  # noqa: E731
-    sp = ptr("W U KG QG AQK GL HS DO DHT DU DQG DW DKG DGL DAQK DH0")
+    sp = ptr("W U KG QG AQK GL HS DO DHT DU RS DH DH0")
     sp.update(cu_seqlens="*i32", chunk_offsets="*i32")
-    compile_(qed_dstate_kernel, sp, dict(T="i32", NTOK="i32", NC="i32"),
+    compile_(qed_dstate_kernel, sp, dict(T="i32"),
              dict(H=H, K=K, V=V, BT=64, BK=BK, BV=BV, USE_DHT=True, IS_VARLEN=False, DT=DT, PREC=prec,
                   WHILE_LOOP=False), W or DSTATE_CONFIG["num_warps"], 1)
     BKS, BVS = min(INTRA_BWD_CONFIG["BKS"], BK), min(INTRA_BWD_CONFIG["BVS"], triton.next_power_of_2(V))
-    ip = ptr("QH KH A AKK W U DU DQG DW DKG DGL DAQK DQ DK DA DG DWV")
+    ip = ptr("QH KH A AKK W U HS DO DU RS DH DQG DKG DGL DAQK DQ DK DA DG DWV")
     ip.update(g="*fp32", cu_seqlens="*i32", chunk_indices="*i32")
     compile_(qed_intra_bwd_kernel, ip, dict(T="i32", scale="fp32"),
              dict(H=H, K=K, V=V, BT=64, BC=16, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),

@@ -7,8 +7,11 @@ Split in two (``a`` the erase vector, ``qs = scale q_hat``, ``wv = w * v``)::
 
 The core runs, after recomputing the forward's intra-chunk pieces (``chunk_intra``, in the state
 dtype) and the chunk-start states (``chunk_scan`` with ``HS``): ``chunk_bwd_scan`` (reverse
-scan over chunks for the state gradient; per-value-block partial sums) and ``chunk_bwd_intra``
-(per chunk: the UT-transform and score-matrix gradients, the decay gradient). The map is
+scan over chunks: residuals, their gradient and the chunk-end state gradients) and
+``chunk_bwd_intra`` (per chunk: the products with the states, the UT-transform and
+score-matrix gradients, the decay gradient). Transient memory in the state dtype, besides the
+recomputed intra buffers: two ``[NC, H, K, V]`` state sets, four ``[B, T, H, V]`` and nine
+``[B, T, H, K]`` tensors and one ``[B, T, H, 64]``. The map is
 PyTorch autograd through ``naive.prepare_qed`` (L2 norms, the arm's direction ``d``, ``a = b k
 + lam d``) and ``w * v``: small elementwise and row-reduction work, the same code the reference
 runs forward.
@@ -23,8 +26,8 @@ from .chunk_bwd_scan import qed_dstate_kernel
 from .naive import prepare_qed
 
 DSTATE_CONFIG = {"BV": 32, "num_warps": 8}
-"""Reverse-scan launch: ptxas (sm_90, float32 state, tf32x3, K=V=128) spills 4.9 KB per thread
-at these settings vs 10.5 KB at BV=64 / 4 warps (``bench/chunk_aot.py bwd``); not yet timed."""
+"""Reverse-scan launch: ptxas (sm_90, float32 state, tf32x3, K=V=128) spills 2.4 KB per thread
+at these settings vs 6.0 KB at BV=64 / 4 warps (``bench/chunk_aot.py bwd``); not yet timed."""
 INTRA_BWD_CONFIG = {"BKS": 32, "BVS": 32, "num_warps": 8}
 
 
@@ -47,29 +50,26 @@ def core_backward(q_hat, k_hat, a, g, do, dht, bufs, states, lay, scale):
     prec = lay.prec
     BK = triton.next_power_of_2(K)
     BV = min(DSTATE_CONFIG["BV"], triton.next_power_of_2(V))
-    NV = triton.cdiv(V, BV)
     do = torch.zeros(B, T, H, V, device=dev, dtype=ct) if do is None else do.to(ct).contiguous()
-    du = torch.empty(B, T, H, V, device=dev, dtype=ct)
-    dqg, dw, dkg = (torch.empty(NV, B, T, H, K, device=dev, dtype=ct) for _ in range(3))
-    dgl = torch.empty(NV, lay.NC, H, K, device=dev, dtype=ct)
-    daqk = torch.empty(NV, B, T, H, lay.BT, device=dev, dtype=ct)
+    du, rs = (torch.empty(B, T, H, V, device=dev, dtype=ct) for _ in range(2))
+    dh = torch.empty_like(states)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=ct)
-    qed_dstate_kernel[(NV, N * H)](
+    qed_dstate_kernel[(triton.cdiv(V, BV), N * H)](
         bufs["W"], bufs["U"], bufs["KG"], bufs["QG"], bufs["AQK"], bufs["GL"], states, do,
-        dht.contiguous() if dht is not None else dh0, du, dqg, dw, dkg, dgl, daqk, dh0,
-        lay.cu, lay.chunk_offsets, T, B * T, lay.NC,
+        dht.contiguous() if dht is not None else dh0, du, rs, dh, dh0, lay.cu, lay.chunk_offsets, T,
         H=H, K=K, V=V, BT=lay.BT, BK=BK, BV=BV, USE_DHT=dht is not None, IS_VARLEN=lay.cu is not None,
         DT=lay.DT, PREC=prec, WHILE_LOOP=lay.interpreting, num_warps=DSTATE_CONFIG["num_warps"], num_stages=1,
     )
-    dqg, dw, dkg, dgl, daqk = (x.sum(0) for x in (dqg, dw, dkg, dgl, daqk))
 
-    dq, dk, da, dg = (torch.empty(B, T, H, K, device=dev, dtype=ct) for _ in range(4))
+    dq, dk, da, dg, dqg, dkg = (torch.empty(B, T, H, K, device=dev, dtype=ct) for _ in range(6))
+    dgl = torch.empty(lay.NC, H, K, device=dev, dtype=ct)
+    daqk = torch.empty(B, T, H, lay.BT, device=dev, dtype=ct)
     dwv = torch.empty(B, T, H, V, device=dev, dtype=ct)
     BKS = min(INTRA_BWD_CONFIG["BKS"], BK)
     BVS = min(INTRA_BWD_CONFIG["BVS"], triton.next_power_of_2(V))
     qed_intra_bwd_kernel[lay.grid](
         q_hat.contiguous(), k_hat.contiguous(), a.contiguous(), g.contiguous(), bufs["AKK"], bufs["W"],
-        bufs["U"], du, dqg, dw, dkg, dgl, daqk, dq, dk, da, dg, dwv,
+        bufs["U"], states, do, du, rs, dh, dqg, dkg, dgl, daqk, dq, dk, da, dg, dwv,
         lay.cu, lay.chunk_indices, T, scale,
         H=H, K=K, V=V, BT=lay.BT, BC=16, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
         IS_VARLEN=lay.cu is not None, DT=lay.DT, PREC=prec, num_warps=INTRA_BWD_CONFIG["num_warps"], num_stages=1,

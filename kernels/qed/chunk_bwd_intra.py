@@ -2,9 +2,11 @@ r"""Intra-chunk kernel of the ``qed_chunk`` backward: per-token gradients from t
 
 Per chunk (notation of ``chunk.py``; ``qs = scale q_hat``, ``Tm = (I + A_kk)^{-1}``,
 ``U = Tm (w v)``, ``W = Tm (a e^G)``, ``qg = qs e^G``, ``kg = k e^{G_last - G}``,
-``gamma = e^{G_last}``), given what ``chunk_bwd_scan`` produced (``dU``, and summed over value
-blocks ``dqg, dW, dkg, dgamma, dA_qk``)::
+``gamma = e^{G_last}``, ``S0`` / ``dS1`` the chunk's start state / end-state gradient), given
+what ``chunk_bwd_scan`` produced (``R``, ``dU = dR``, ``dS1``)::
 
+    dqg = dO S0^T,  dW = -dR S0^T,  dkg = R dS1^T,  dgamma = sum_v S0 * dS1
+    dA_qk   = dO R^T                                          (j <= t)
     d(wv)   = Tm^T dU                     d(a e^G) = Tm^T dW
     dA_kk   = -(d(wv) U^T + d(a e^G) W^T)                 (strictly lower part)
     A_xk[t,j] = sum_c x_{t,c} k_{j,c} e^{G_{t,c} - G_{j,c}}  for (x, A) = (qs, A_qk), (a, A_kk):
@@ -15,7 +17,8 @@ blocks ``dqg, dW, dkg, dgamma, dA_qk``)::
         dG += dqg qg + d(a e^G) a e^G - dkg kg,  dG_last += sum_t dkg kg + dgamma gamma
     dg_t = sum_{s >= t} dG_s + dG_last                       (G is the cumsum of g)
 
-One program per chunk and head. The score terms go by ``BC = 16``-token blocks: off-diagonal
+One program per chunk and head (``dqg, dkg, dgamma, dA_qk`` go through the scratch buffers
+``DQG, DKG, DGL, DAQK``). The score terms go by ``BC = 16``-token blocks: off-diagonal
 blocks as tensor-core products with a reference point inside the pair (both decay factors
 <= 1), diagonal blocks with exact per-element decays ``e^{G_t - G_j} <= 1`` (``t >= j``); so any
 ``g <= 0`` is safe. ``dA_kk`` is written over the ``AKK`` scratch (it held ``Tm``); the score
@@ -124,7 +127,7 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, 
 
 @triton.jit(do_not_specialize=['T'])
 def qed_intra_bwd_kernel(
-    QH, KH, A, g, AKK, W, U, DU, DQG, DW, DKG, DGL, DAQK,
+    QH, KH, A, g, AKK, W, U, HS, DO, DU, RS, DH, DQG, DKG, DGL, DAQK,
     DQ, DK, DA, DG, DWV,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -141,10 +144,13 @@ def qed_intra_bwd_kernel(
     Tm = tl.load(AKK + rows[:, None] * (H * BT) + o_t[None, :],
                  mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(DT)
 
-    # ---- dA_kk = -(d(wv) U^T + d(a e^G) W^T); d(wv) = Tm^T dU is an output
+    # ---- over value blocks: d(wv) = Tm^T dU (an output), dA_kk -= d(wv) U^T, dA_qk = dO R^T
     dAkk = tl.zeros([BT, BT], dtype=DT)
+    dAqk = tl.zeros([BT, BT], dtype=DT)
     U += i_h * V
+    DO += i_h * V
     DU += i_h * V
+    RS += i_h * V
     DWV += i_h * V
     for i_v in range(NV):
         cols = i_v * BVS + tl.arange(0, BVS)
@@ -152,11 +158,34 @@ def qed_intra_bwd_kernel(
         dwv = tl.dot(tl.trans(Tm), _tile(DU, rows, m_t, cols, m_c, H * V, DT), input_precision=PREC)
         _put(DWV, dwv, rows, m_t, cols, m_c, H * V)
         dAkk -= tl.dot(dwv, tl.trans(_tile(U, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
+        dAqk += tl.dot(_tile(DO, rows, m_t, cols, m_c, H * V, DT),
+                       tl.trans(_tile(RS, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
+    _put(DAQK, tl.where(o_t[:, None] >= o_t[None, :], dAqk, 0.), rows, m_t, o_t, o_t < BT, H * BT)
+
+    # ---- over key slices: dqg, dkg, dgamma, dW (sums over value blocks with S0, dS1), then
+    # d(a e^G) = Tm^T dW and dA_kk -= d(a e^G) W^T
     off = i_h * K
+    p_s = (i_g * H + i_h) * K * V
     for i_k in range(NK):
         cols = i_k * BKS + tl.arange(0, BKS)
         m_c = cols < K
-        dag = tl.dot(tl.trans(Tm), _tile(DW + off, rows, m_t, cols, m_c, H * K, DT), input_precision=PREC)
+        dqg = tl.zeros([BT, BKS], dtype=DT)
+        dkg = tl.zeros([BT, BKS], dtype=DT)
+        dw = tl.zeros([BT, BKS], dtype=DT)
+        dgam = tl.zeros([BKS], dtype=DT)
+        for i_v in range(NV):
+            cv = i_v * BVS + tl.arange(0, BVS)
+            m_v = cv < V
+            s0 = _tile(HS + p_s, cols, m_c, cv, m_v, V, DT)
+            ds1 = _tile(DH + p_s, cols, m_c, cv, m_v, V, DT)
+            dqg += tl.dot(_tile(DO, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
+            dw -= tl.dot(_tile(DU, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
+            dkg += tl.dot(_tile(RS, rows, m_t, cv, m_v, H * V, DT), tl.trans(ds1), input_precision=PREC)
+            dgam += tl.sum(s0 * ds1, 1)
+        _put(DQG + off, dqg, rows, m_t, cols, m_c, H * K)
+        _put(DKG + off, dkg, rows, m_t, cols, m_c, H * K)
+        tl.store(DGL + (i_g * H + i_h) * K + cols, dgam.to(DGL.dtype.element_ty), mask=m_c)
+        dag = tl.dot(tl.trans(Tm), dw, input_precision=PREC)
         _put(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read back below
         dAkk -= tl.dot(dag, tl.trans(_tile(W + off, rows, m_t, cols, m_c, H * K, DT)), input_precision=PREC)
     dAkk = tl.where(o_t[:, None] > o_t[None, :], dAkk, 0.)

@@ -4,16 +4,16 @@ Per chunk (notation of ``chunk.py``: ``S0`` the chunk-start state, ``R = U - W S
 ``O = qg S0 + A_qk R``, ``S1 = Diag(gamma) S0 + kg^T R`` with ``gamma = exp(G_last)``), given
 ``dO`` and ``dS1`` (the gradient reaching the chunk's end state)::
 
-    dR      = A_qk^T dO + kg dS1                               -> DU (the gradient of U)
-    dqg     = dO S0^T,   dW = -dR S0^T,   dkg = R dS1^T       -> partial sums over value blocks
-    dgamma  = sum_v S0 * dS1,   dA_qk = (dO R^T) on j <= t      -> partial sums over value blocks
-    dS0     = qg^T dO - W^T dR + Diag(gamma) dS1               (carried to the previous chunk)
+    R    = U - W S0                                            -> RS (residuals)
+    dR   = A_qk^T dO + kg dS1                                  -> DU (the gradient of U)
+    dS1                                                        -> DH (per chunk)
+    dS0  = qg^T dO - W^T dR + Diag(gamma) dS1                  (carried to the previous chunk)
 
 One program per (sequence, head, block of ``BV`` value channels) walks the chunks backwards
 with ``dS`` (``K x BV``) in registers, starting from the final-state gradient (or zero) and
 ending with the initial-state gradient. ``S0`` comes from the chunk-start states ``HS``
-(``[NC, H, K, V]``) that the forward scan stored. Quantities that sum over the value axis are
-written per value block (leading axis ``NV``) and summed by the caller.
+(``[NC, H, K, V]``) that the forward scan stored; ``DH`` has the same layout. What sums over
+the value axis (``dO S0^T``, ``dR S0^T``, ``R dS1^T``, ...) is left to ``chunk_bwd_intra``.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from .chunk_scan import sequence_span
 
 
 @triton.jit
-def _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
-                W, U, KG, QG, AQK, GL, HS, DO, DU, DQG, DW, DKG, DGL, DAQK, NTOK, NC,
+def _chunk_back(dS, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
+                W, U, KG, QG, AQK, GL, HS, DO, DU, RS, DH,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 DT: tl.constexpr, PREC: tl.constexpr):
-    """One chunk backwards: writes DU and the partials, returns the chunk-start state gradient."""
+    """One chunk backwards: writes R, dR and dS1; returns the chunk-start state gradient."""
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
     m_tk = m_t[:, None] & m_k[None, :]
@@ -36,6 +36,8 @@ def _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal
     p_tk = rows[:, None] * (H * K) + i_h * K + o_k[None, :]
     p_tv = rows[:, None] * (H * V) + i_h * V + o_v[None, :]
     i_g = (c0 + i_t) * H + i_h
+    p_h = i_g * K * V + o_k[:, None] * V + o_v[None, :]
+    m_h = m_k[:, None] & m_v[None, :]
     b_w = tl.load(W + p_tk, mask=m_tk, other=0.).to(DT)
     b_qg = tl.load(QG + p_tk, mask=m_tk, other=0.).to(DT)
     b_kg = tl.load(KG + p_tk, mask=m_tk, other=0.).to(DT)
@@ -44,30 +46,20 @@ def _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal
     b_a = tl.load(AQK + rows[:, None] * (H * BT) + i_h * BT + o_t[None, :],
                   mask=m_t[:, None] & causal, other=0.).to(DT)
     b_gl = tl.load(GL + i_g * K + o_k, mask=m_k, other=0.).to(DT)
-    b_s = tl.load(HS + i_g * K * V + o_k[:, None] * V + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0.).to(DT)
+    b_s = tl.load(HS + p_h, mask=m_h, other=0.).to(DT)
 
-    b_r = b_u - tl.dot(b_w, b_s, input_precision=PREC)
+    tl.store(DH + p_h, dS.to(DH.dtype.element_ty), mask=m_h)
+    tl.store(RS + p_tv, (b_u - tl.dot(b_w, b_s, input_precision=PREC)).to(RS.dtype.element_ty), mask=m_tv)
     b_dr = tl.dot(tl.trans(b_a), b_do, input_precision=PREC) + tl.dot(b_kg, dS, input_precision=PREC)
     tl.store(DU + p_tv, b_dr.to(DU.dtype.element_ty), mask=m_tv)
-
-    part = i_v * NTOK * H * K
-    tl.store(DQG + part + p_tk, tl.dot(b_do, tl.trans(b_s), input_precision=PREC), mask=m_tk)
-    tl.store(DW + part + p_tk, -tl.dot(b_dr, tl.trans(b_s), input_precision=PREC), mask=m_tk)
-    tl.store(DKG + part + p_tk, tl.dot(b_r, tl.trans(dS), input_precision=PREC), mask=m_tk)
-    tl.store(DGL + (i_v * NC * H + i_g) * K + o_k, tl.sum(b_s * dS, 1), mask=m_k)
-    b_da = tl.where(causal, tl.dot(b_do, tl.trans(b_r), input_precision=PREC), 0.)
-    tl.store(DAQK + i_v * NTOK * H * BT + rows[:, None] * (H * BT) + i_h * BT + o_t[None, :], b_da,
-             mask=m_t[:, None])
-
     return (tl.dot(tl.trans(b_qg), b_do, input_precision=PREC)
             - tl.dot(tl.trans(b_w), b_dr, input_precision=PREC) + b_gl[:, None] * dS)
 
 
-@triton.jit(do_not_specialize=['T', 'NTOK', 'NC'])
+@triton.jit(do_not_specialize=['T'])
 def qed_dstate_kernel(
-    W, U, KG, QG, AQK, GL, HS, DO, DHT, DU, DQG, DW, DKG, DGL, DAQK, DH0,
-    cu_seqlens, chunk_offsets, T, NTOK, NC,
+    W, U, KG, QG, AQK, GL, HS, DO, DHT, DU, RS, DH, DH0,
+    cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
@@ -92,13 +84,11 @@ def qed_dstate_kernel(
     if WHILE_LOOP:  # the interpreter (numpy >= 2.4) cannot take a tensor as range() bound
         i_t = NT - 1
         while i_t >= 0:
-            dS = _chunk_back(dS, i_t, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
-                             W, U, KG, QG, AQK, GL, HS, DO, DU, DQG, DW, DKG, DGL, DAQK, NTOK, NC,
-                             H, K, V, BT, DT, PREC)
+            dS = _chunk_back(dS, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
+                             W, U, KG, QG, AQK, GL, HS, DO, DU, RS, DH, H, K, V, BT, DT, PREC)
             i_t -= 1
     else:
         for i_r in range(NT):
-            dS = _chunk_back(dS, NT - 1 - i_r, i_v, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
-                             W, U, KG, QG, AQK, GL, HS, DO, DU, DQG, DW, DKG, DGL, DAQK, NTOK, NC,
-                             H, K, V, BT, DT, PREC)
+            dS = _chunk_back(dS, NT - 1 - i_r, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
+                             W, U, KG, QG, AQK, GL, HS, DO, DU, RS, DH, H, K, V, BT, DT, PREC)
     tl.store(DH0 + p_h, dS.to(DH0.dtype.element_ty), mask=m_h)
