@@ -138,7 +138,8 @@ def test_gpu_float64_varlen():
 
 @gpu
 def test_gpu_vs_fla_gdn2_backward():
-    """arm="gdn2": gradients equal those of fla's chunk_gdn2 (bf16, K=V=128)."""
+    """arm="gdn2", and arm="full" with lam = 0: gradients equal those of fla's chunk_gdn2 (bf16,
+    K=V=128; lam's own gradient is not compared)."""
     fla = pytest.importorskip("fla.ops.gdn2")
     B, T, H, K, V = 2, 2048, 4, 128, 128
     x = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=52, device="cuda", dtype=torch.bfloat16)
@@ -150,10 +151,11 @@ def test_gpu_vs_fla_gdn2_backward():
                               use_qk_l2norm_in_kernel=True)
         return o, s, None  # lam unused: GDN-2 has no QED term
 
-    got, _ = grads(qed_chunk, x, dict(arm="gdn2"), h0=h0)
     ref, _ = grads(fla_op, x, dict(arm="gdn2"), h0=h0)
-    for n, a, b in zip(NAMES + ("h0",), got, ref):
-        if n == "lam":
-            continue
-        print(f"vs fla chunk_gdn2 backward: d{n} rel err {relerr(a, b):.2e}")
-        assert relerr(a, b) < 3e-2, n
+    for arm, lam in (("gdn2", x["lam"]), ("full", torch.zeros_like(x["lam"]))):
+        got, _ = grads(qed_chunk, dict(x, lam=lam), dict(arm=arm), h0=h0)
+        for n, a, b in zip(NAMES + ("h0",), got, ref):
+            if n == "lam":
+                continue
+            print(f"vs fla chunk_gdn2 backward ({arm}): d{n} rel err {relerr(a, b):.2e}")
+            assert relerr(a, b) < 3e-2, (arm, n)
