@@ -1,6 +1,6 @@
 r"""Backward of ``qed_chunk``: gradients of ``o`` and the final state w.r.t. every input.
 
-Split in two (``a`` the erase vector, ``qs = scale q_hat``, ``wv = w * v``)::
+Split in two (``a`` the erase vector, ``wv = w * v``)::
 
     core (Triton):  (dO, dS_T) -> d q_hat, d k_hat, d a, d wv, d g, d S_0
     map (autograd): d q_hat, d k_hat, d a, d wv -> dq, dk, dv, db, dw, dlam (and dd)
@@ -9,12 +9,13 @@ The core runs, after recomputing the forward's intra-chunk pieces (``chunk_intra
 dtype) and the chunk-start states (``chunk_scan`` with ``HS``): ``chunk_bwd_scan`` (reverse
 scan over chunks: residuals, their gradient and the chunk-end state gradients) and
 ``chunk_bwd_intra`` (per chunk: the products with the states, the UT-transform and
-score-matrix gradients, the decay gradient). Transient memory in the state dtype, besides the
-recomputed intra buffers: two ``[NC, H, K, V]`` state sets, four ``[B, T, H, V]`` and nine
-``[B, T, H, K]`` tensors and one ``[B, T, H, 64]``. The map is
-PyTorch autograd through ``naive.prepare_qed`` (L2 norms, the arm's direction ``d``, ``a = b k
-+ lam d``) and ``w * v``: small elementwise and row-reduction work, the same code the reference
-runs forward.
+score-matrix gradients, the decay gradient). The map is PyTorch autograd through
+``naive.prepare_qed`` (L2 norms, the arm's direction ``d``, ``a = b k + lam d``) and ``w * v``:
+small elementwise and row-reduction work, the same code the reference runs forward.
+
+Transient memory in the state dtype, besides the recomputed intra buffers: two
+``[NC, H, K, V]`` state sets, four ``[B, T, H, V]``, nine ``[B, T, H, K]`` and one
+``[B, T, H, 64]`` tensors.
 """
 from __future__ import annotations
 
