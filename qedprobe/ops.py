@@ -8,8 +8,8 @@ All ops share one signature::
 
 * ``qed_naive``: plain PyTorch token loop, float64-capable, differentiable: the oracle.
 * ``qed_chunk_torch``: the chunk algorithm in plain PyTorch, differentiable: the CPU path.
-* ``qed_chunk``: chunked Triton forward (prefill).      [kernels/qed/chunk.py]
-* ``qed_recurrent``: token-by-token Triton kernel (decode). [kernels/qed/fused_recurrent.py]
+* ``qed_chunk``: chunked Triton forward (prefill) with a Triton backward.  [kernels/qed/chunk*.py]
+* ``qed_recurrent``: token-by-token Triton kernel (decode; forward only).  [kernels/qed/fused_recurrent.py]
 * ``qed_attention(..., mode="auto")``: Triton on CUDA tensors (recurrent for T == 1, chunk
   otherwise); on CPU tensors the token loop for T == 1 (a decode step) and ``qed_chunk_torch``
   otherwise.
