@@ -1,12 +1,7 @@
 r"""Chunked (WY / UT-transform) Triton forward of QED for prefill: ``qed_chunk``.
 
-The recurrence (per sequence and head; state ``S`` is ``K x V``)::
-
-    S_bar_t = Diag(exp g_t) S_{t-1}
-    a_t     = b_t * k_hat_t + lam_t d_t            (d_t: the arm's direction, arms.py)
-    r_t     = w_t * v_t - S_bar_t^T a_t
-    S_t     = S_bar_t + k_hat_t r_t^T
-    o_t     = S_t^T (scale * q_hat_t)
+The recurrence is the one written out at the top of ``naive.py``, with the residual
+``r_t = w_t v_t - S_bar_t^T a_t`` and the state ``S`` (``K x V``) per sequence and head.
 
 Shapes: ``q, k, g, b`` ``[B, T, H, K]``; ``v, w`` ``[B, T, H, V]``; ``lam`` ``[H]`` or
 ``[B, T, H]``; states ``[N, H, K, V]`` (float32, float64 for float64 inputs); ``o`` like ``v``.

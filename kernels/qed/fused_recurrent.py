@@ -1,13 +1,9 @@
 r"""Token-by-token Triton kernel of the QED recurrence (decode, short sequences, probes).
 
-Per sequence, head and token (state ``S`` is ``K x V``, float32; float64 for float64 inputs)::
-
-    q_hat, k_hat = q / ||q||, k / ||k||            (when use_qk_l2norm)
-    S_bar_t = Diag(exp g_t) S_{t-1}                 (decay first)
-    a_t     = b_t * k_hat_t + lam_t d_t             (d_t: the arm's direction, see arms.py)
-    r_t     = w_t * v_t - S_bar_t^T a_t             (residual)
-    S_t     = S_bar_t + k_hat_t r_t^T               (rank-one write along k_hat_t)
-    o_t     = S_t^T (scale * q_hat_t)
+The recurrence is the one written out at the top of ``naive.py`` (``S_bar_t = Diag(exp g_t)
+S_{t-1}``, ``a_t = b_t * k_hat_t + lam_t d_t``, ``S_t = S_bar_t + k_hat_t (w_t v_t - S_bar_t^T
+a_t)^T``, ``o_t = S_t^T scale q_hat_t``), with the state ``K x V`` in float32 (float64 for float64
+inputs).
 
 Shapes: ``q, k, g, b`` ``[B, T, H, K]``; ``v, w`` ``[B, T, H, V]``; ``lam`` ``[H]`` or
 ``[B, T, H]``; states ``[N, H, K, V]``; ``K, V <= 256``. Probes (only when asked):
