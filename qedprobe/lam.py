@@ -51,3 +51,23 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.0,
     if theta:
         groups.append({"params": theta, "lr": lr * theta_lr_mult, "weight_decay": 0.0, "name": "theta"})
     return groups
+
+
+STRENGTH_RANGE = (-1.0, 2.0)
+"""The inference-time factors ``s`` (``lambda -> s * lambda``) the paper tested (Table 4)."""
+
+
+def check_strengths(values, *, arm: str, allow_extrapolation: bool = False) -> None:
+    """Refuse strength factors ``s`` that do not apply: outside :data:`STRENGTH_RANGE` (unless
+    ``allow_extrapolation``), or other than 1 on arm ``gdn2``, whose lambda is 0.
+
+    ``values``: an iterable of floats. Raises ``ValueError`` naming ``s``.
+    """
+    values = [float(s) for s in values]
+    lo, hi = STRENGTH_RANGE
+    if not allow_extrapolation and any(s < lo or s > hi for s in values):
+        raise ValueError(f"`s` must lie in [{lo}, {hi}] (the tested range), got {min(values):g}..{max(values):g}; "
+                         "pass allow_extrapolation=True to go beyond it")
+    if arm == "gdn2" and any(s != 1.0 for s in values):
+        raise ValueError("`s` other than 1 does not apply: the model has arm 'gdn2', whose lambda is 0 "
+                         "(compare arms with `qedprobe report` instead)")

@@ -48,3 +48,15 @@ def test_param_groups_give_theta_ten_times_the_lr():
 def test_bad_lambda_max_refused(bad):
     with pytest.raises(ValueError, match="lambda_max"):
         lambda_from_theta(torch.zeros(2), lambda_max=bad)
+
+
+def test_check_strengths_range_and_gdn2_rule():
+    from qedprobe.lam import check_strengths
+
+    check_strengths([-1, 0, 2], arm="full")
+    check_strengths([3.0], arm="full", allow_extrapolation=True)
+    check_strengths([1.0], arm="gdn2")
+    with pytest.raises(ValueError, match=r"`s` must lie in \[-1.0, 2.0\].*got -1.5..2"):
+        check_strengths([-1.5, 2.0], arm="full")
+    with pytest.raises(ValueError, match="gdn2"):
+        check_strengths([1.0, 0.5], arm="gdn2", allow_extrapolation=True)

@@ -251,10 +251,8 @@ def run_eig_cmd(args) -> int:
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
         cfg = _model_config(args.model)
-        from .sweep import _check_arm
-        _check_arm(cfg, [args.strength])
-        if not args.allow_extrapolation and not -1.0 <= args.strength <= 2.0:
-            raise SweepError(f"--strength {args.strength:g} is outside [-1, 2]; pass --allow-extrapolation")
+        from .sweep import _check_strengths
+        _check_strengths([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         if tok.vocab_size > cfg.vocab_size:
             raise SweepError(f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has "
                              f"{cfg.vocab_size}: wrong --tokenizer?")

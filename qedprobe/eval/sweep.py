@@ -29,6 +29,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from qedprobe.lam import check_strengths
+
 from .plots import accuracy_errorbar, pyplot, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
 from .tasks import NIAHTask, score
@@ -36,7 +38,6 @@ from .tasks import NIAHTask, score
 __all__ = ["run_sweep", "ResultsStore", "load_results", "summarize", "write_summary", "plot_summary",
            "SweepError", "SUMMARY_FIELDS", "parse_int_list", "parse_float_list"]
 
-S_RANGE = (-1.0, 2.0)
 SUMMARY_FIELDS = ["task", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high", "ref_s",
                   "n_paired", "b", "c", "mcnemar_p"]
 """``b``: right at s, wrong at ref_s; ``c``: wrong at s, right at ref_s (paired on sample ids)."""
@@ -444,11 +445,17 @@ class _Stop(Exception):
     pass
 
 
+def _check_strengths(strengths, *, arm, allow_extrapolation=True):
+    """``qedprobe.lam.check_strengths`` (the rule ``strength`` applies), as a SweepError, before any work."""
+    try:
+        check_strengths(strengths, arm=arm, allow_extrapolation=allow_extrapolation)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+
+
 def _check_arm(cfg, strengths):
-    """A gdn2 model has lambda = 0: only s = 1 means anything (``strength`` refuses the rest)."""
-    if getattr(cfg, "arm", None) == "gdn2" and any(_skey(s) != 1.0 for s in strengths):
-        raise SweepError("the model has arm 'gdn2' (lambda = 0): strengths other than 1 do not apply; "
-                         "use --strengths 1 (compare arms with `qedprobe report`)")
+    """A gdn2 model has lambda = 0: only s = 1 applies."""
+    _check_strengths(strengths, arm=getattr(cfg, "arm", None))
 
 
 def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model):
@@ -460,10 +467,7 @@ def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model
         raise SweepError(f"strengths must be distinct numbers, got {strengths}")
     if any(not math.isfinite(s) for s in strengths):
         raise SweepError("strengths must be finite")
-    lo, hi = S_RANGE
-    if not allow_extrapolation and any(s < lo or s > hi for s in strengths):
-        raise SweepError(f"strengths must lie in [{lo:g}, {hi:g}] (the tested range), got {strengths}; "
-                         "pass allow_extrapolation to go beyond it")
+    _check_strengths(strengths, arm=None, allow_extrapolation=allow_extrapolation)
     if phase not in ("all", "prefill", "decode"):
         raise SweepError(f"phase must be all, prefill or decode, got {phase!r}")
     need = nt.min_length()

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+from qedprobe.lam import check_strengths
+
 from .config import QEDConfig
 
 PHASES = ("all", "prefill", "decode")
-S_RANGE = (-1.0, 2.0)
-"""The range the paper tested; values outside need ``allow_extrapolation=True``."""
 
 
 @dataclass(eq=False)
@@ -96,13 +96,10 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
     rows = _selection("layers", layers, cfg.num_hidden_layers)
     cols = _selection("heads", heads, cfg.num_heads)
     values = _factor_values(s, (len(rows), len(cols)))
-    lo, hi = S_RANGE
-    if not allow_extrapolation and bool(((values < lo) | (values > hi)).any()):
-        raise ValueError(f"strength: `s` must lie in [{lo}, {hi}] (the tested range), got "
-                         f"{values.min().item():g}..{values.max().item():g}; "
-                         "pass allow_extrapolation=True to go beyond it")
-    if cfg.arm == "gdn2" and bool((values != 1).any()):
-        raise ValueError("strength: `model` has arm 'gdn2', whose lambda is 0: only s = 1 (no change) applies")
+    try:
+        check_strengths(values.flatten().tolist(), arm=cfg.arm, allow_extrapolation=allow_extrapolation)
+    except ValueError as exc:
+        raise ValueError(f"strength: {exc}") from None
     factor = torch.ones(cfg.num_hidden_layers, cfg.num_heads)
     factor[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = values
     entry = StrengthFactor(factor, phase)
