@@ -1,39 +1,45 @@
 #!/usr/bin/env bash
-# Train the 12 GPU checkpoints: six arms x seeds 0 and 1, preset "small" (hidden 256, 6 layers,
-# 2 heads of dim 128, 6.78M parameters, 13.6 MB as bf16; seq_len 2048, 32 rows/step,
-# 1500 steps = 98M tokens; AdamW 1e-3, WSD 100 warmup / 300 decay; theta at 10x).
+# Train the 12 GPU checkpoints: six arms x seeds 0 and 1, preset "small" (hidden 256, 4 layers,
+# 2 heads of dim 128, MLP ratio 2: 3.75M parameters, 7.5 MB as bf16; 32 rows x 1024 tokens per
+# step; AdamW, WSD schedule, theta at 10x; see qedprobe/train/config.py).
 #
 #   bench/train_checkpoints.sh [BUDGET_SECONDS]
 #
-# Run folders go to runs/train/<arm>-s<seed>/ (fp32 checkpoints, loss.jsonl, train.log), the
-# frozen bf16 models + MODEL_CARD.md to checkpoints/<arm>-s<seed>/. Runs are spread over the
-# visible GPUs (one process per GPU, each working through its share of the 12 runs in turn).
+# Run folders go to $RUNS/<arm>-s<seed>/ (fp32 checkpoints, loss.jsonl, train.log), the frozen
+# bf16 models + MODEL_CARD.md to $CKPT/<arm>-s<seed>/. The runs are dealt round-robin over the
+# visible GPUs; each GPU runs PER_GPU of them at once (a model this small leaves most of an H200
+# idle, so several processes share one), the rest of its share one after the other.
 # Everything resumes: with BUDGET_SECONDS every run stops (checkpointed) before the budget of
 # this call is spent; call the script again to continue. Finished runs (a model card exists)
 # are skipped.
 #
-# Environment: PY (python, default: python), GPUS (how many GPUs to use, default: all visible),
-# EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 800 --decay 160").
-# A quick timing probe before the real thing:
-#   EXTRA="--steps 30 --warmup 5 --decay 5 --save-every 30" RUNS=runs/probe CKPT=runs/probe-ckpt \
-#     GPUS=1 bench/train_checkpoints.sh
+# Environment: PY (python, default: python3 -P, so that the installed qedprobe is imported and
+# not the source folder of the current directory), GPU_IDS (GPUs to use, default: all visible),
+# PER_GPU (runs at once per GPU, default: all of its share), SEEDS (default "0 1"), ARMS
+# (default: all six), EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 800 --decay 160").
+# A timing probe before the real thing:
+#   EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40" RUNS=/tmp/probe CKPT=/tmp/probe-ckpt \
+#     SEEDS=0 GPU_IDS=0 bench/train_checkpoints.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python}
+PY=${PY:-python3 -P}
 RUNS=${RUNS:-runs/train}
 CKPT=${CKPT:-checkpoints}
 EXTRA=${EXTRA:-}
-NGPU=${GPUS:-$(nvidia-smi -L | wc -l)}
+read -r -a GPU_LIST <<< "${GPU_IDS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
+NGPU=${#GPU_LIST[@]}
+read -r -a ARM_LIST <<< "${ARMS:-gdn2 nogate_noproj nogate full rand noproj}"
+read -r -a SEED_LIST <<< "${SEEDS:-0 1}"
 BUDGET=${1:-}
 START=$(date +%s)
-ARMS=(gdn2 nogate_noproj nogate full rand noproj)
 JOBS=()
-for seed in 0 1; do for arm in "${ARMS[@]}"; do JOBS+=("$arm $seed"); done; done
+for seed in "${SEED_LIST[@]}"; do for arm in "${ARM_LIST[@]}"; do JOBS+=("$arm $seed"); done; done
+PER_GPU=${PER_GPU:-$(((${#JOBS[@]} + NGPU - 1) / NGPU))}
 mkdir -p "$RUNS" "$CKPT"
 
-run_gpu() {  # run_gpu GPU: the jobs i with i % NGPU == GPU, one after the other
-    local gpu=$1 i arm seed left limit
-    for ((i = gpu; i < ${#JOBS[@]}; i += NGPU)); do
+run_slot() {  # run_slot GPU SLOT: the jobs i with i % NGPU == GPU and (i / NGPU) % PER_GPU == SLOT, in turn
+    local gpu=$1 slot=$2 i arm seed left limit
+    for ((i = gpu + slot * NGPU; i < ${#JOBS[@]}; i += NGPU * PER_GPU)); do
         read -r arm seed <<< "${JOBS[$i]}"
         [[ -f "$CKPT/$arm-s$seed/MODEL_CARD.md" ]] && { echo "skip $arm-s$seed (done)"; continue; }
         limit=()
@@ -42,22 +48,28 @@ run_gpu() {  # run_gpu GPU: the jobs i with i % NGPU == GPU, one after the other
             ((left > 60)) || { echo "skip $arm-s$seed (budget spent)"; continue; }
             limit=(--max-seconds "$left")
         fi
-        echo "GPU $gpu: $arm seed $seed"
+        echo "GPU ${GPU_LIST[$gpu]} slot $slot: $arm seed $seed"
         # shellcheck disable=SC2086
-        CUDA_VISIBLE_DEVICES=$gpu "$PY" -m qedprobe.train --preset small --arm "$arm" --seed "$seed" \
+        CUDA_VISIBLE_DEVICES=${GPU_LIST[$gpu]} $PY -m qedprobe.train --preset small --arm "$arm" --seed "$seed" \
             --out "$RUNS/$arm-s$seed" --export "$CKPT/$arm-s$seed" --print-every 100 "${limit[@]}" $EXTRA \
             >> "$RUNS/$arm-s$seed.stdout" 2>&1 || echo "FAILED $arm-s$seed (see $RUNS/$arm-s$seed.stdout)"
     done
 }
 
-for ((g = 0; g < NGPU; g++)); do run_gpu "$g" & done
+for ((g = 0; g < NGPU; g++)); do for ((s = 0; s < PER_GPU; s++)); do run_slot "$g" "$s" & done; done
 wait
-"$PY" - "$CKPT" <<'PY'
-import pathlib, sys
-for d in sorted(pathlib.Path(sys.argv[1]).glob("*-s[01]")):
-    w = d / "model.safetensors"
+$PY - "$CKPT" "$RUNS" <<'PY'
+import json, pathlib, statistics, sys
+ckpt, runs = map(pathlib.Path, sys.argv[1:])
+for d in sorted(runs.glob("*-s[0-9]")):
+    if not d.is_dir():
+        continue
+    log = [json.loads(line) for line in (d / "loss.jsonl").open()] if (d / "loss.jsonl").is_file() else []
+    w = ckpt / d.name / "model.safetensors"
     size = w.stat().st_size if w.is_file() else 0
-    done = (d / "MODEL_CARD.md").is_file()
-    print(f"{d.name:22s} {'done' if done else 'unfinished':10s} {size / 1e6:6.2f} MB"
-          + ("  OVER 16 MB" if size > 16e6 else ""))
+    done = (ckpt / d.name / "MODEL_CARD.md").is_file()
+    step_s = statistics.median(r["step_s"] for r in log[len(log) // 4:]) if log else float("nan")
+    loss = log[-1]["loss"] if log else float("nan")
+    print(f"{d.name:20s} {'done' if done else 'unfinished':10s} steps {len(log):5d}  {step_s:6.3f} s/step  "
+          f"loss {loss:.4f}  {size / 1e6:5.2f} MB" + ("  OVER 16 MB" if size > 16e6 else ""))
 PY

@@ -26,11 +26,10 @@ PRESETS = {
     "micro": dict(model=dict(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16),
                   seq_len=512, batch_size=8, steps=200, lr=3e-3, warmup_steps=20, decay_steps=60,
                   mixture="short", save_every=100, device="cpu"),
-    # The GPU shape for the six arms x two seeds (6.78M parameters, 13.6 MB as bf16):
-    # 1500 steps x 32 rows (2 micro-batches of 16, to bound the PyTorch fallback op's memory)
-    # x 2048 tokens = 98M tokens, about 14 tokens per parameter.
-    "small": dict(model=dict(hidden_size=256, num_hidden_layers=6, num_heads=2, head_dim=128),
-                  seq_len=2048, batch_size=16, accum=2, steps=1500, lr=1e-3, warmup_steps=100,
+    # The GPU shape for the six arms x two seeds: 3.75M parameters, 7.5 MB as bf16; 32 rows x
+    # 1024 tokens per step (bench/train_checkpoints.sh passes the step count a run can afford).
+    "small": dict(model=dict(hidden_size=256, num_hidden_layers=4, num_heads=2, head_dim=128, hidden_ratio=2),
+                  seq_len=1024, batch_size=32, steps=1500, lr=1.5e-3, warmup_steps=100,
                   decay_steps=300, mixture="niah", save_every=250, device="cuda"),
 }
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Measure the trained checkpoints for docs/RESULTS.md (one device call, after training):
+# * every checkpoint: S-NIAH-1 at 1x..16x the training length (1K..16K tokens), s = 1;
+# * the QED checkpoints (arm full): the Table-4 strength sweep, s in -1,0,0.5,1,1.5,2, same samples;
+# * every arm but gdn2: `qedprobe eig` (e_t histograms and ranges) on S-NIAH-1 at 2K.
+# All sweeps use --seed 0, so sample i at length L is the same prompt for every checkpoint and
+# strength: `qedprobe report` then pairs arms on shared samples.
+#
+#   CKPT=checkpoints EVAL=runs/eval bench/eval_checkpoints.sh
+#
+# Environment: PY (default python3 -P), CKPT (folder of <arm>-s<seed>/ checkpoints), EVAL (output
+# folder: EVAL/<name>/sweep and EVAL/<name>/eig), GPU_IDS (default: all visible), PER_GPU (processes
+# at once per GPU, default 3), SAMPLES (default 100), LENGTHS (default 1K,2K,4K,8K,16K),
+# STRENGTHS (the full arm's, default -1,0,0.5,1,1.5,2), ONLY (space list of checkpoint names),
+# DEVICE (instead of cuda:<gpu>, e.g. cpu for a dry run).
+# Each sweep resumes (rerun to finish); logs in EVAL/<name>.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3 -P}
+CKPT=${CKPT:-checkpoints}
+EVAL=${EVAL:-runs/eval}
+SAMPLES=${SAMPLES:-100}
+LENGTHS=${LENGTHS:-1K,2K,4K,8K,16K}
+STRENGTHS=${STRENGTHS:--1,0,0.5,1,1.5,2}
+read -r -a GPU_LIST <<< "${GPU_IDS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
+PER_GPU=${PER_GPU:-3}
+if [[ -n "${ONLY:-}" ]]; then read -r -a NAMES <<< "$ONLY"; else
+    mapfile -t NAMES < <(cd "$CKPT" && ls -d -- *-s[0-9] | grep -v '^micro-'); fi
+mkdir -p "$EVAL"
+
+evaluate() {  # evaluate NAME GPU
+    local name=$1 arm=${1%-s*} s=1
+    [[ $arm == full ]] && s=$STRENGTHS
+    $PY -m qedprobe.cli sweep --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 --lengths "$LENGTHS" \
+        --strengths="$s" --samples "$SAMPLES" --seed 0 --out "$EVAL/$name/sweep" --no-progress
+    [[ $arm == gdn2 ]] || $PY -m qedprobe.cli eig --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 \
+        --length 2K --samples 16 --seed 0 --out "$EVAL/$name/eig" --no-progress
+}
+
+slots=$((${#GPU_LIST[@]} * PER_GPU))
+for ((slot = 0; slot < slots; slot++)); do
+    (for ((i = slot; i < ${#NAMES[@]}; i += slots)); do
+        gpu=${GPU_LIST[$((slot % ${#GPU_LIST[@]}))]}
+        echo "cuda:$gpu ${NAMES[$i]}"
+        evaluate "${NAMES[$i]}" "$gpu" > "$EVAL/${NAMES[$i]}.log" 2>&1 || echo "FAILED ${NAMES[$i]} (see $EVAL/${NAMES[$i]}.log)"
+    done) &
+done
+wait
