@@ -32,7 +32,7 @@ evaluate() {  # evaluate NAME GPU
     local name=$1 arm=${1%-s*} s=1
     [[ $arm == full ]] && s=$STRENGTHS
     $PY -m qedprobe.cli sweep --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 --lengths "$LENGTHS" \
-        --strengths="$s" --samples "$SAMPLES" --seed 0 --out "$EVAL/$name/sweep" --no-progress
+        --strengths="$s" --samples "$SAMPLES" --seed 0 --out "$EVAL/$name/sweep" --no-progress || return 1
     [[ $arm == gdn2 ]] || $PY -m qedprobe.cli eig --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 \
         --length 2K --samples 16 --seed 0 --out "$EVAL/$name/eig" --no-progress
 }

@@ -235,3 +235,23 @@ def test_gpu_vs_fla_gdn2():
         print(f"vs fla chunk_gdn2 ({arm}): rel err o {relerr(o, o_f):.2e}, state {relerr(s, s_f):.2e}")
         assert relerr(o, o_f) < 2e-2, arm
         assert relerr(s, s_f) < 2e-2, arm
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_second_device_gives_the_same_results():
+    """Inputs on cuda:1 with cuda:0 current: the kernels must run on cuda:1 (forward and backward)."""
+    from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
+
+    x0 = make_inputs(B=2, T=300, H=2, K=64, V=64, seed=23, device="cuda:0", dtype=torch.float32)
+    x1 = {n: t.to("cuda:1") for n, t in x0.items()}
+    for op in (qed_chunk, qed_recurrent):
+        o0 = op(*x0.values())[0]
+        o1 = op(*x1.values())[0]
+        assert o1.device == torch.device("cuda:1")
+        assert torch.equal(o0.cpu(), o1.cpu()), op.__name__
+    grads = []
+    for x in (x0, x1):
+        q = x["q"].clone().requires_grad_()
+        o = qed_chunk(q, *list(x.values())[1:])[0]
+        grads.append(torch.autograd.grad(o.square().sum(), q)[0].cpu())
+    assert torch.equal(*grads)

@@ -46,7 +46,7 @@ from torch.autograd.function import once_differentiable
 from .chunk_bwd import input_grads
 from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_intra_kernel
 from .chunk_scan import qed_scan_kernel
-from .inputs import QEDProblem, check_qed_inputs
+from .inputs import QEDProblem, check_qed_inputs, on_input_device
 
 BT = 64
 BC = 16
@@ -227,6 +227,7 @@ class _QEDChunkFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @on_input_device
     def backward(ctx, do, dht, _dprobes):
         P, arm, z, _, _, use_qk_l2norm, cu_seqlens = ctx.opts
         q, k, v, g, b, w, lam, d, h0 = ctx.saved_tensors
@@ -240,6 +241,7 @@ class _QEDChunkFunction(torch.autograd.Function):
                                    use_qk_l2norm, P, lay, bufs, states, do, dht))
 
 
+@on_input_device
 def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
               output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
     """Chunked Triton QED op; same arguments, results and dtypes as ``qed_naive``.

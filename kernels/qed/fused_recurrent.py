@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .inputs import ARMS, check_qed_inputs
+from .inputs import ARMS, check_qed_inputs, on_input_device
 
 MAX_HEAD_DIM = 256
 
@@ -166,6 +166,7 @@ def _block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
     return BV, 4 if triton.next_power_of_2(K) * BV <= 4096 else 8
 
 
+@on_input_device
 def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
                   output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
     """Token-by-token QED forward in one Triton launch (forward only, no gradients).

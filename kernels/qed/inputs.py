@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -161,3 +162,19 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
 
     return QEDProblem(B=B, T=T, H=H, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
                       compute_dtype=compute_dtype, seq_bounds=seq_bounds)
+
+
+def on_input_device(fn):
+    """Run ``fn`` with the CUDA device of its first tensor argument made current.
+
+    Triton launches a kernel on the *current* CUDA device, whatever device its tensors live on:
+    without this, inputs on ``cuda:1`` with ``cuda:0`` current would be read from the wrong GPU.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None or not first.is_cuda:
+            return fn(*args, **kwargs)
+        with torch.cuda.device(first.device):
+            return fn(*args, **kwargs)
+    return wrapper

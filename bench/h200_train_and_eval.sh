@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call on a 2-GPU machine: train the twelve checkpoints, send back as many as fit,
+# measure them for docs/RESULTS.md.
+#   run(command="STEPS=850 bash bench/h200_train_and_eval.sh", carry=[".whl_tl"], kind="nvidia-h200-x2")
+# 1. bench/train_checkpoints.sh: 6 arms x seeds 0,1, six runs at once per GPU, STEPS steps
+#    (warmup 7 %, decay 20 %), into /tmp/ckpt;
+# 2. $OUT/ckpt-N.tar: the checkpoints of PACK (';'-separated pairs; a call sends back at most 64 MiB in 8 files
+#    of 16 MiB, so 8 of the 12 7.5-MB checkpoints: the rest waits on the machine for the next call,
+#    `tar -C /tmp/ckpt -cf $OUT/ckpt-5.tar A B`);
+# 3. bench/eval_checkpoints.sh on all twelve (EVAL_SECONDS at most), then $OUT/eval.tgz with the
+#    sweep rows, summaries, eig statistics and the training logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_tl/*.whl || exit 1
+STEPS=${STEPS:-850}
+T0=$(date +%s)
+CKPT=/tmp/ckpt RUNS=/tmp/runs EXTRA="--steps $STEPS --warmup $((STEPS * 7 / 100)) --decay $((STEPS / 5)) --save-every $STEPS" \
+    bash bench/train_checkpoints.sh | tee "$OUT/train.log"
+echo "training wall $(($(date +%s) - T0)) s" | tee -a "$OUT/train.log"
+IFS=';' read -r -a PAIRS <<< "${PACK:-gdn2-s0 full-s0;nogate-s0 nogate_noproj-s0;rand-s0 noproj-s0;gdn2-s1 full-s1}"
+for i in "${!PAIRS[@]}"; do
+    # shellcheck disable=SC2086
+    tar -C /tmp/ckpt -cf "$OUT/ckpt-$((i + 1)).tar" ${PAIRS[$i]}
+done
+ls -l "$OUT"
+T1=$(date +%s)
+CKPT=/tmp/ckpt EVAL=/tmp/eval PER_GPU=${PER_GPU:-3} SAMPLES=${SAMPLES:-100} \
+    timeout "${EVAL_SECONDS:-150}" bash bench/eval_checkpoints.sh | tee "$OUT/eval.log"
+echo "eval wall $(($(date +%s) - T1)) s" | tee -a "$OUT/eval.log"
+tail -n 3 /tmp/eval/*.log
+tar -czf "$OUT/eval.tgz" --exclude='*.png' --exclude='*.pt' --exclude='*.safetensors' --exclude='step-*' \
+    -C /tmp eval runs
+ls -l "$OUT"
