@@ -155,3 +155,12 @@ def test_hf_tokenizer_class(hf_tok):
     assert isinstance(hf_tok, HFTokenizer)
     ids = hf_tok.encode("The special magic number is 1234567.")
     assert hf_tok.decode(ids) == "The special magic number is 1234567."
+
+
+@pytest.mark.parametrize("needles", [2, 8])
+def test_min_length_fits_every_sample(needles):
+    """min_length() bounds every sample (keys vary in length): the trainer packs documents of it."""
+    task = make_task("mk-niah", load_tokenizer("bytes"), haystack="noise", num_needles=needles)
+    length = task.min_length()
+    for i in range(400):
+        assert len(task.sample(length, i, samples=400, seed=-1).input_ids) <= length

@@ -265,9 +265,14 @@ class NIAHTask:
         return n, ids
 
     def min_length(self) -> int:
-        """Smallest usable length (an empty haystack)."""
+        """A length every sample fits in: an empty haystack and, for every needle, the key of the
+        most tokens (keys are the only part whose length varies), so ``sample(min_length(), i)``
+        never fails."""
         rng = random.Random(f"{self.name}|calibrate|min")
         needles, offset = self._draw(rng, 0.5)
+        ntok = lambda word: len(self.tokenizer.encode(word))  # noqa: E731
+        longest = f"{max(_ADJECTIVES, key=ntok)}-{max(_NOUNS, key=ntok)}"
+        needles = [(longest, value, depth) for _, value, depth in needles]
         return len(self._ids(self._build(needles, offset, 0))) + self.max_new_tokens + 8
 
     # ----------------------------------------------------------------------------- samples
