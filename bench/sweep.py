@@ -10,10 +10,13 @@ tokens. Target: <= 10 minutes on one H200.
     python bench/sweep.py --tiny --device cpu --samples 2 --lengths 512 --strengths 0,1   # smoke
 
 It prints one JSON object: wall time, rows, prompt / generated tokens, prompt tokens per second,
-and where the time goes: prompt generation (CPU), prefill and decode passes (timed around
-``QEDModel.forward_with_state`` with a CUDA synchronisation, so the split costs a little),
-writing rows, summary + plots. A random model never emits EOS, so every prompt decodes
-``max_new_tokens`` tokens (the worst case).
+and where the time goes: prompt generation (CPU), prefill passes (timed around the packed
+``QEDModel.run_blocks`` calls with a CUDA synchronisation, so the split costs a little), the rest
+of the generate calls (decode steps, CUDA-graph capture, token readback), writing rows, summary +
+plots. ``--decode answer`` (default here) decodes what the longest answer of a batch needs
+(11 tokens for S-NIAH-1 in bytes), ``--decode budget`` the task's 16 (the sweep CLI's default).
+A random model never emits EOS, so every prompt decodes all of them (the worst case).
+``bench/profile_sweep.py`` attributes prefill and decode time per op.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-tokens", type=int, default=2 ** 18, help="prompt tokens per generate call")
     ap.add_argument("--batch-size", type=int, default=None, help="overrides --batch-tokens")
     ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--decode", default="answer", choices=("budget", "answer"),
+                    help="tokens decoded per prompt: the task budget or what the answers need")
     ap.add_argument("--tiny", action="store_true", help="2 layers, hidden 64 (CPU smoke run)")
     ap.add_argument("--no-phase-timing", action="store_true", help="do not time prefill vs decode")
     ap.add_argument("--out", default=None, help="sweep folder (default: a temporary one, removed)")
@@ -71,21 +76,22 @@ def main(argv=None) -> int:
     phase = defaultdict(float)
     calls = defaultdict(int)
     if not args.no_phase_timing:
-        inner = model.forward_with_state
+        inner = model.run_blocks
 
         def timed(*a, **k):
+            if k.get("cu_seqlens") is None:  # a decode step (eager, or a graph's warm-up and capture)
+                return inner(*a, **k)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t = time.perf_counter()
             out = inner(*a, **k)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            name = k.get("phase", "prefill")
-            phase[name + "_s"] += time.perf_counter() - t
-            calls[name] += 1
+            phase["prefill_s"] += time.perf_counter() - t
+            calls["prefill"] += 1
             return out
 
-        model.forward_with_state = timed
+        model.run_blocks = timed
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -99,7 +105,7 @@ def main(argv=None) -> int:
               samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
               batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
               model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
-              progress=not args.no_progress)
+              progress=not args.no_progress, decode=args.decode)
     wall = time.perf_counter() - t0
     t = dict(run_sweep.last_timing)
     rows = len(lengths) * len(strengths) * args.samples
@@ -112,7 +118,7 @@ def main(argv=None) -> int:
                    if k in ("hidden_size", "num_hidden_layers", "num_heads", "head_dim", "vocab_size", "arm")},
         "dtype": args.dtype,
         "grid": {"task": args.task, "lengths": lengths, "strengths": strengths, "samples": args.samples,
-                 "batch_tokens": args.batch_tokens, "batch_size": args.batch_size},
+                 "batch_tokens": args.batch_tokens, "batch_size": args.batch_size, "decode": args.decode},
         "rows": rows,
         "model_build_s": round(build_s, 2),
         "wall_s": round(wall, 2),
@@ -123,7 +129,8 @@ def main(argv=None) -> int:
             "prompt_generation": round(t.get("generate_prompts_s", 0), 2),
             "model_generate_calls": round(t.get("model_s", 0), 2),
             "prefill_passes": round(phase.get("prefill_s", 0), 2) if phase else None,
-            "decode_passes": round(phase.get("decode_s", 0), 2) if phase else None,
+            "decode_and_rest_of_generate": round(t.get("model_s", 0) - phase.get("prefill_s", 0), 2)
+            if phase else None,
             "write_rows": round(t.get("write_s", 0), 2),
             "summary_and_plots": round(t.get("summary_s", 0), 2),
         },

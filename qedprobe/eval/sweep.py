@@ -11,6 +11,8 @@ Files in ``out``:
 * ``config.json``: what defines the samples, the model and the intervention; a later run into
   the same folder must agree on it (lengths and strengths may be added). It is written with the
   first row, so a run that fails before any work leaves no config behind.
+* ``config.json`` key ``decode`` (only with ``decode="answer"``): how many tokens each prompt
+  decodes; a folder never mixes rows decoded to different budgets.
 * ``results.jsonl``: one row per ``(length, s, sample_id)``, appended and fsync'ed batch by batch.
   A rerun skips the rows already there; a torn last line (a kill during a write) is cut off
   and its row recomputed, so no row is lost or duplicated.
@@ -33,7 +35,7 @@ from qedprobe.lam import check_strengths
 
 from .plots import accuracy_errorbar, pyplot, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
-from .tasks import NIAHTask, score
+from .tasks import ANSWER_MARGIN, NIAHTask, score
 
 __all__ = ["run_sweep", "ResultsStore", "load_results", "summarize", "write_summary", "plot_summary",
            "SweepError", "SUMMARY_FIELDS", "parse_int_list", "parse_float_list"]
@@ -41,6 +43,10 @@ __all__ = ["run_sweep", "ResultsStore", "load_results", "summarize", "write_summ
 SUMMARY_FIELDS = ["task", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high", "ref_s",
                   "n_paired", "b", "c", "mcnemar_p"]
 """``b``: right at s, wrong at ref_s; ``c``: wrong at s, right at ref_s (paired on sample ids)."""
+
+
+DECODE_RULES = ("budget", "answer")
+"""How many tokens a sweep decodes per prompt: the task's budget, or what the answers need."""
 
 
 class SweepError(ValueError):
@@ -88,7 +94,7 @@ class ResultsStore:
     runs never write the same file; it refuses a folder whose config disagrees on ``fixed`` keys.
     """
 
-    def __init__(self, out, config: dict, fixed=("samples_spec", "intervention", "model")):
+    def __init__(self, out, config: dict, fixed=("samples_spec", "intervention", "model", "decode")):
         self.dir = Path(out)
         if self.dir.exists() and not self.dir.is_dir():
             raise SweepError(f"output {str(self.dir)!r} exists and is not a folder")
@@ -318,7 +324,8 @@ def _default_batch(length, device_type, batch_tokens):
 def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, samples, seed=0,
               out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
               ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
-              max_new_tokens=None, haystack=None, model_id=None, progress=True, stop_after=None):
+              max_new_tokens=None, haystack=None, model_id=None, progress=True, stop_after=None,
+              decode="budget"):
     """Run (or resume) a strength sweep into ``out``; returns the summary rows.
 
     ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
@@ -327,10 +334,16 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
     ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
     ``stop_after``: stop after this many generate calls (tests of resume); the summary is still written.
+    ``decode``: ``"budget"`` decodes the task's ``max_new_tokens`` per prompt (the tokens the prompt
+    length reserves; rows as always); ``"answer"`` decodes only what the longest answer of each batch
+    needs (``NIAHTask.answer_tokens``: 11 instead of 16 for 7-digit numbers in bytes), so a
+    prediction is a prefix of the ``"budget"`` one; recorded in ``config.json`` as ``decode``.
+    Each batch of prompts is packed once and run at every strength.
     The returned summary also has the timing in ``run_sweep.last_timing``.
     """
     import torch
     from qedprobe.model import strength as strength_cm
+    from qedprobe.model.packing import pack_prompts
 
     t_start = time.perf_counter()
     if isinstance(model, (str, os.PathLike)):
@@ -347,6 +360,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     lengths = [int(x) for x in lengths]
     strengths = [float(s) for s in strengths]
     _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model)
+    if decode not in DECODE_RULES:
+        raise SweepError(f"decode must be one of {DECODE_RULES}, got {decode!r}")
     config = {
         "samples_spec": {**nt.describe(), "samples": int(samples), "seed": int(seed)},
         "intervention": {"layers": None if layers is None else list(layers),
@@ -354,7 +369,12 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         "model": {"id": model_id, "config": _model_fingerprint(model), "dtype": _model_dtype(model)},
         "lengths": lengths, "strengths": strengths, "ref_strength": ref_strength,
     }
+    if decode != "budget":
+        config["decode"] = {"rule": decode, "margin": ANSWER_MARGIN}
     store = out if isinstance(out, ResultsStore) else ResultsStore(out, config)
+    if store.config.get("decode") != config.get("decode"):
+        raise SweepError(f"{str(store.dir)!r} was decoded with {store.config.get('decode')}, "
+                         f"this run asks {config.get('decode')}: use a new --out")
     timing = defaultdict(float)
     n_prompt_tok = n_new_tok = 0
     try:
@@ -376,6 +396,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
                 chunk = ids[start:start + bs]
                 t0 = time.perf_counter()
                 smp = {i: nt.sample(L, i, samples=samples, seed=seed) for i in chunk}
+                packed = {}  # who -> (PackedPrompts, new tokens), shared by the strengths
                 timing["generate_prompts_s"] += time.perf_counter() - t0
                 for s in strengths:
                     who = [i for i in chunk if _skey(s) in pending[L][i]]
@@ -384,12 +405,16 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
                     if stop_after is not None and calls >= stop_after:
                         raise _Stop
                     t0 = time.perf_counter()
-                    prompts = [smp[i].input_ids for i in who]
+                    if tuple(who) not in packed:
+                        batch = [smp[i] for i in who]
+                        packed[tuple(who)] = (
+                            pack_prompts([sm.input_ids for sm in batch], model.cfg.vocab_size, device),
+                            nt.max_new_tokens if decode == "budget" else nt.answer_tokens(batch))
+                    prompts, n_new = packed[tuple(who)]
                     with torch.inference_mode(), strength_cm(model, s, layers=layers, heads=heads,
                                                              phase=phase,
                                                              allow_extrapolation=allow_extrapolation):
-                        new = model.generate(prompts, nt.max_new_tokens, eos_token_id=tok.eos_id,
-                                             do_sample=False)
+                        new = model.generate(prompts, n_new, eos_token_id=tok.eos_id, do_sample=False)
                     if torch.device(device).type == "cuda":
                         torch.cuda.synchronize()
                     dt = time.perf_counter() - t0
@@ -397,8 +422,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
                     calls += 1
                     t0 = time.perf_counter()
                     rows = []
-                    for i, toks in zip(who, new):
-                        toks = [int(t) for t in toks]
+                    for i, raw in zip(who, new):
+                        toks = list(raw)
                         if tok.eos_id is not None and tok.eos_id in toks:
                             toks = toks[:toks.index(tok.eos_id)]
                         pred = tok.decode(toks)
@@ -409,7 +434,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
                                      "prompt_tokens": len(sm.input_ids), "new_tokens": len(toks),
                                      "prompt_sha": sm.sha, "seed": int(seed)})
                         n_prompt_tok += len(sm.input_ids)
-                        n_new_tok += len(new[who.index(i)])
+                        n_new_tok += len(raw)
                     store.append(rows)
                     timing["write_s"] += time.perf_counter() - t0
                     if bar is not None:

@@ -79,6 +79,10 @@ _NOUNS = (
     "valley", "violin", "wagon", "walnut", "whistle", "willow", "window", "wolf", "yacht", "zebra",
 )
 
+ANSWER_MARGIN = 2
+"""New tokens past the answer itself that :meth:`NIAHTask.answer_tokens` allows (an EOS, or an
+answer that tokenises one token longer in context)."""
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -263,6 +267,15 @@ class NIAHTask:
             n -= max(1, drop)
             ids = self._ids(self._build(needles, offset, n))
         return n, ids
+
+    def answer_tokens(self, samples) -> int:
+        """New tokens enough to read the answers of ``samples``: the longest continuation
+        ``" {value}."`` (as the needle writes it after the answer prefix's "is") in tokens, plus
+        :data:`ANSWER_MARGIN`, at most ``max_new_tokens`` (7-digit numbers in bytes: 9 + 2 = 11)."""
+        if not samples:
+            raise ValueError("answer_tokens: no samples")
+        need = max(len(self.tokenizer.encode(f" {s.answer}.")) for s in samples)
+        return min(self.max_new_tokens, need + ANSWER_MARGIN)
 
     def min_length(self) -> int:
         """A length every sample fits in: an empty haystack and, for every needle, the key of the

@@ -7,6 +7,12 @@ inputs before this call, zeros at a sequence start)::
 
 The weight has ``nn.Conv1d``'s shape ``[D, 1, W]`` (key ``weight``, optional ``bias``), so fla's
 tensors load unchanged. The cache is ``[N, D, W-1]``: the last ``W - 1`` inputs of each sequence.
+
+Packed input (``cu_seqlens``, N sequences in one row) is convolved in one pass, without a host
+synchronisation: each sequence gets its own ``W - 1`` history slots in a padded row
+(``T + N (W - 1)`` long), so no tap ever reaches the previous sequence. The arithmetic per
+element is the one of the unpacked path: on CUDA packed results equal per-sequence ones bit for
+bit; on CPU the SIMD body and scalar tail of ``silu`` may differ in the last bit (float32).
 """
 from __future__ import annotations
 
@@ -26,17 +32,40 @@ class ShortConvolution(nn.Module):
         self.bias = nn.Parameter(torch.zeros(hidden_size)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
 
+    def _taps(self, xp: torch.Tensor, T: int) -> torch.Tensor:
+        """``silu(sum_j w[j] * xp[:, j:j+T] + bias)`` over rows ``xp`` ``[B, T + W - 1, D]`` (float32)."""
+        w = self.weight[:, 0].float()
+        y = sum(xp[:, j:j + T] * w[:, j] for j in range(self.kernel_size))
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return F.silu(y)
+
     def _rows(self, x: torch.Tensor, cache: torch.Tensor | None):
         """Convolve ``[B, T, D]`` rows, each one sequence continuing from ``cache`` ``[B, D, W-1]``."""
         B, T, D = x.shape
         W = self.kernel_size
         hist = x.new_zeros(B, W - 1, D) if cache is None else cache.transpose(1, 2).to(x.dtype)
         xp = torch.cat([hist, x], dim=1).float()
-        w = self.weight[:, 0].float()
-        y = sum(xp[:, j:j + T] * w[:, j] for j in range(W))
-        if self.bias is not None:
-            y = y + self.bias.float()
-        return F.silu(y).to(x.dtype), xp[:, T:].transpose(1, 2).to(x.dtype)
+        return self._taps(xp, T).to(x.dtype), xp[:, T:].transpose(1, 2).to(x.dtype)
+
+    def _packed(self, x: torch.Tensor, cache: torch.Tensor | None, cu_seqlens: torch.Tensor):
+        """Convolve N sequences packed in ``x`` ``[1, T, D]`` (bounds ``cu_seqlens`` ``[N + 1]``)."""
+        _, T, D = x.shape
+        W, N = self.kernel_size, cu_seqlens.numel() - 1
+        cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+        pos = torch.arange(T, device=x.device)
+        seq = torch.searchsorted(cu[1:], pos, right=True)  # sequence of each token
+        tok_at = pos + (seq + 1) * (W - 1)                  # token slots in the padded row
+        hist_at = (cu[:-1] + torch.arange(N, device=x.device) * (W - 1))[:, None] \
+            + torch.arange(W - 1, device=x.device)           # [N, W-1] history slots
+        xp = x.new_zeros(T + N * (W - 1), D)
+        xp[tok_at] = x[0]
+        if cache is not None:
+            xp[hist_at.flatten()] = cache.transpose(1, 2).to(x.dtype).reshape(-1, D)
+        xp = xp.float()[None]
+        y = self._taps(xp, T + (N - 1) * (W - 1))[0, tok_at - (W - 1)]  # output j sits at slot j + W - 1
+        tail = xp[0, hist_at + (cu[1:] - cu[:-1])[:, None]]             # [N, W-1, D]: last W-1 slots
+        return y.to(x.dtype)[None], tail.transpose(1, 2).to(x.dtype)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None):
@@ -47,10 +76,4 @@ class ShortConvolution(nn.Module):
         """
         if cu_seqlens is None:
             return self._rows(x, cache)
-        bounds = cu_seqlens.tolist()
-        ys, caches = [], []
-        for n, (bos, eos) in enumerate(zip(bounds[:-1], bounds[1:])):
-            y, c = self._rows(x[:, bos:eos], None if cache is None else cache[n:n + 1])
-            ys.append(y)
-            caches.append(c)
-        return torch.cat(ys, dim=1), torch.cat(caches, dim=0)
+        return self._packed(x, cache, cu_seqlens)

@@ -1,10 +1,18 @@
 r"""Generation: one chunked prefill over the packed prompts, then one recurrent step per token.
 
-Prompts of different lengths are packed into one row with ``cu_seqlens`` (B = 1), so the
-recurrence and the short convolutions restart at each prompt. The prefill returns, per layer,
-the recurrent state ``[N, H, K, V]`` and the convolution caches; each decode step feeds the N
-last tokens as a ``[N, 1]`` batch and carries those states on. Greedy by default; sampling
-draws from ``softmax(logits / temperature)`` over the ``top_k`` largest logits.
+Prompts of different lengths are packed into one row with ``cu_seqlens`` (B = 1, see
+:mod:`.packing`), so the recurrence and the short convolutions restart at each prompt. The
+prefill returns, per layer, the recurrent state ``[N, H, K, V]`` and the convolution caches;
+each decode step (:mod:`.decode_step`: eager, or a CUDA-graph replay on CUDA without hooks)
+feeds the N last tokens as a ``[N, 1]`` batch and carries those states on. Greedy by default;
+sampling draws from ``softmax(logits / temperature)`` over the ``top_k`` largest logits.
+
+The loop does not synchronise with the device per step: ids are checked once on the host
+before the prefill, new tokens stay on the device and come to the host once, at the end. With
+``eos_token_id``, whether every prompt has stopped is read after every eager step (hooks see
+the steps they saw before) and every ``STOP_CHECK_EVERY`` graph steps (tokens after a prompt's
+EOS are dropped, so the result is the same as stopping at once; only a sampling ``generator``
+may advance by a few more draws).
 """
 from __future__ import annotations
 
@@ -12,27 +20,8 @@ import math
 
 import torch
 
-
-def _prompt_lists(prompts, vocab_size: int) -> list[list[int]]:
-    """Validate ``prompts`` (a LongTensor ``[B, T]`` or a list of non-empty token-id lists)."""
-    if isinstance(prompts, torch.Tensor):
-        if prompts.dim() != 2 or prompts.dtype not in (torch.int32, torch.int64) or prompts.numel() == 0:
-            raise ValueError(f"generate: tensor `prompts` must be a non-empty integer tensor [B, T], "
-                             f"got {prompts.dtype} {tuple(prompts.shape)}")
-        seqs = prompts.tolist()
-    elif isinstance(prompts, (list, tuple)) and prompts:
-        seqs = [list(p) if isinstance(p, (list, tuple)) else None for p in prompts]
-        if any(not s for s in seqs):
-            raise ValueError("generate: `prompts` must be a list of non-empty lists of token ids")
-    else:
-        raise ValueError(f"generate: `prompts` must be a LongTensor [B, T] or a non-empty list of "
-                         f"token-id lists, got {prompts!r:.80}")
-    bad = [t for s in seqs for t in s
-           if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"generate: token ids must be ints in [0, {vocab_size}), got {bad[:5]}")
-    return seqs
-
+from .decode_step import decode_step
+from .packing import pack_prompts
 
 def _check_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab_size) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -63,41 +52,51 @@ def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float, to
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _until_eos(tokens: torch.Tensor, eos_token_id: int | None) -> list[list[int]]:
+    """``[N, S]`` new tokens -> per prompt, the tokens up to and including its first EOS."""
+    rows = tokens.tolist()
+    if eos_token_id is None:
+        return rows
+    return [r[:r.index(eos_token_id) + 1] if eos_token_id in r else r for r in rows]
+
+
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-             generator: torch.Generator | None = None) -> list[list[int]]:
+             generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
+    ``prompts``: a LongTensor ``[B, T]``, a list of non-empty token-id lists, or a
+    :class:`~qedprobe.model.packing.PackedPrompts` (packed once, reused across calls).
     Returns only the new tokens of each prompt; a prompt stops after ``eos_token_id``
     (included). Strength blocks with ``phase="prefill"`` act on the prompt pass,
     ``phase="decode"`` on the token steps; hooks fire in both (packed ``[1, sum T, ...]``
-    shapes in the prefill, ``[N, 1, ...]`` in decode steps).
+    shapes in the prefill, ``[N, 1, ...]`` in decode steps). ``cuda_graph=False`` forces the
+    eager decode step (the graph step gives the same tokens; it is used only on CUDA without hooks).
     """
     vocab = model.cfg.vocab_size
-    seqs = _prompt_lists(prompts, vocab)
+    packed = pack_prompts(prompts, vocab, model.device)
     _check_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab)
-    new = [[] for _ in seqs]
     if max_new_tokens == 0:
-        return new
-    device = model.device
-    ids = torch.tensor([[t for s in seqs for t in s]], dtype=torch.long, device=device)
-    ends = torch.tensor([len(s) for s in seqs], device=device).cumsum(0)
-    cu_seqlens = torch.cat([ends.new_zeros(1), ends]).to(torch.int32)
-    logits, states = model.forward_with_state(ids, cu_seqlens=cu_seqlens, phase="prefill", want_state=True,
-                                              logit_positions=ends - 1)
+        return [[] for _ in packed.lengths]
+    logits, states = model.run_blocks(packed.ids, states=None, cu_seqlens=packed.cu_seqlens,
+                                      scales=model.lam_scales("prefill"), want_state=True,
+                                      logit_positions=packed.last_positions)
     last = logits[0]
-    done = [False] * len(seqs)
-    for step in range(max_new_tokens):
+    out = torch.empty(len(packed.lengths), max_new_tokens, dtype=torch.long, device=model.device)
+    done = torch.zeros(len(packed.lengths), dtype=torch.bool, device=model.device)
+    step = decode_step(model, states, model.lam_scales("decode"), cuda_graph=cuda_graph) \
+        if max_new_tokens > 1 else None
+    for i in range(max_new_tokens):
         tokens = next_tokens(last, do_sample=do_sample, temperature=temperature, top_k=top_k,
                              generator=generator)
-        for i, t in enumerate(tokens.tolist()):
-            if not done[i]:
-                new[i].append(t)
-                done[i] = t == eos_token_id
-        if all(done) or step == max_new_tokens - 1:
+        out[:, i] = tokens
+        if i == max_new_tokens - 1:
             break
-        logits, states = model.forward_with_state(tokens[:, None], states=states, phase="decode",
-                                                  want_state=True)
-        last = logits[:, -1]
-    return new
+        if eos_token_id is not None:
+            done |= tokens == eos_token_id
+            if (i + 1) % step.stop_check_every == 0 and bool(done.all()):
+                out = out[:, :i + 1]
+                break
+        last = step(tokens)
+    return _until_eos(out, eos_token_id)

@@ -11,6 +11,8 @@ TransformerLens ``ActivationCache``; ``run_with_hooks`` and ``model.hooks(...)``
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,6 +46,7 @@ class QEDModel(HookedRootModule):
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._strength_factors = []
+        self._decode_graphs = OrderedDict()  # captured decode steps, see decode_step.py
         self.apply(self._init_module)
         self.setup()
 
@@ -80,16 +83,27 @@ class QEDModel(HookedRootModule):
         ``states`` continues N sequences; ``cu_seqlens`` ``[N + 1]`` packs N sequences in one
         row (B = 1); ``phase`` (``"prefill"`` / ``"decode"``) picks the strength factors;
         ``logit_positions`` ``[P]`` computes logits ``[B, P, vocab]`` at those positions only.
+        The id range check reads the ids on the host (a device synchronisation on CUDA).
         """
         if phase not in PHASES:
             raise ValueError(f"QEDModel: `phase` must be one of {PHASES}, got {phase!r}")
         self._check_ids(input_ids)
+        return self.run_blocks(input_ids, states=states, cu_seqlens=cu_seqlens,
+                               scales=self.lam_scales(phase), want_state=want_state,
+                               logit_positions=logit_positions)
+
+    def lam_scales(self, phase: str) -> torch.Tensor | None:
+        """The active strength factors of ``phase`` as ``[L, H]`` float32 on the model's device, or None."""
+        scales = lambda_scales(self, phase)
+        return None if scales is None else scales.to(self.device)
+
+    def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,
+                   scales: torch.Tensor | None, want_state: bool, logit_positions=None):
+        """:meth:`forward_with_state` on ids already checked, with the lambda factors ``scales``
+        ``[L, H]`` (device) given: no host synchronisation, so it can be captured in a CUDA graph."""
         if states is not None and len(states) != self.cfg.num_hidden_layers:
             raise ValueError(f"QEDModel: `states` must hold one MixerState per layer "
                              f"({self.cfg.num_hidden_layers}), got {len(states)}")
-        scales = lambda_scales(self, phase)
-        if scales is not None:
-            scales = scales.to(self.device)
         x = self.hook_embed(self.embeddings(input_ids))
         new_states = []
         for l, block in enumerate(self.blocks):
@@ -120,11 +134,11 @@ class QEDModel(HookedRootModule):
 
     def generate(self, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> list[list[int]]:
+                 generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
         """New tokens per prompt; see :func:`qedprobe.model.generate.generate`."""
         return generation.generate(self, prompts, max_new_tokens, eos_token_id=eos_token_id,
                                    do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                   generator=generator)
+                                   generator=generator, cuda_graph=cuda_graph)
 
     def save_pretrained(self, path) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``."""
