@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--decode", default="answer", choices=("budget", "answer"),
                     help="tokens decoded per prompt: the task budget or what the answers need")
+    ap.add_argument("--eager", action="store_true", help="eager decode steps (default: CUDA-graph replay)")
     ap.add_argument("--tiny", action="store_true", help="2 layers, hidden 64 (CPU smoke run)")
     ap.add_argument("--no-phase-timing", action="store_true", help="do not time prefill vs decode")
     ap.add_argument("--out", default=None, help="sweep folder (default: a temporary one, removed)")
@@ -105,7 +106,8 @@ def main(argv=None) -> int:
               samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
               batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
               model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
-              progress=not args.no_progress, decode=args.decode)
+              progress=not args.no_progress, decode=args.decode,
+              cuda_graph=not args.eager)
     wall = time.perf_counter() - t0
     t = dict(run_sweep.last_timing)
     rows = len(lengths) * len(strengths) * args.samples
