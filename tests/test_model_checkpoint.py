@@ -2,6 +2,7 @@
 against an independent composition of fla's GDN-2 layer on CPU."""
 import argparse
 import json
+import math
 
 import pytest
 import torch
@@ -83,7 +84,8 @@ def test_config_defaults_are_the_340m_layout_and_round_trip(tmp_path):
             cfg.conv_size, cfg.tie_word_embeddings, cfg.lambda_max) == (1024, 24, 6, 128, 32000, 4, True, 0.25)
     assert cfg.intermediate_size == 2816  # fla GatedMLP: 256-rounded 2/3 * 4 * 1024
     cfg = QEDConfig(vocab_size=300, hidden_size=64, num_hidden_layers=3, num_heads=2, head_dim=32, arm="rand",
-                    rand_seed=7)
+                    rand_seed=7, decay_a_range=[0.5, 2], decay_dt_range=(1e-4, 0.1))
+    assert cfg.decay_a_range == (0.5, 2.0)  # JSON lists come back as tuples
     cfg.save(tmp_path / "config.json")
     assert QEDConfig.load(tmp_path / "config.json") == cfg
     assert json.loads((tmp_path / "config.json").read_text())["arm"] == "rand"
@@ -94,10 +96,27 @@ def test_config_defaults_are_the_340m_layout_and_round_trip(tmp_path):
     (dict(hidden_size=64.0), "`hidden_size`"), (dict(lambda_max=-1.0), "`lambda_max`"),
     (dict(head_dim=16, expand_v=0.3), "head_dim \\* expand_v"), (dict(op_mode="fast"), "`op_mode`"),
     (dict(tie_word_embeddings="yes"), "`tie_word_embeddings` must be a bool"),
+    (dict(decay_a_range=(2.0,)), "`decay_a_range` must be a pair"),
+    (dict(decay_dt_range=(0.1, 1e-3)), "`decay_dt_range` must have low <= high"),
+    (dict(decay_a_range=(0.0, 1.0)), "`decay_a_range` must be a positive"),
 ])
 def test_config_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         QEDConfig(**kwargs)
+
+
+def test_decay_initialisation_follows_the_configured_ranges():
+    """A = exp(A_log) in decay_a_range per head, softplus(dt_bias) in decay_dt_range per channel;
+    the defaults are fla's (1, 16) and (1e-3, 1e-1)."""
+    for a_range, dt_range in (((1.0, 16.0), (1e-3, 1e-1)), ((0.5, 2.0), (1e-4, 1e-1))):
+        torch.manual_seed(0)
+        model = QEDModel(QEDConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
+                                   decay_a_range=a_range, decay_dt_range=dt_range))
+        A = torch.cat([b.attn.A_log.exp() for b in model.blocks])
+        dt = torch.cat([F.softplus(b.attn.dt_bias.double()) for b in model.blocks])
+        assert a_range[0] <= A.min() and A.max() <= a_range[1]
+        assert dt_range[0] * (1 - 1e-5) <= dt.min() and dt.max() <= dt_range[1] * (1 + 1e-5)
+        assert dt.log().std() > 0.25 * (math.log(dt_range[1]) - math.log(dt_range[0]))  # spread, not one value
 
 
 def test_config_unknown_key_and_corrupt_file(tmp_path):

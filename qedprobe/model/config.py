@@ -35,7 +35,11 @@ class QEDConfig:
     ``lambda_max`` bounds ``lambda = lambda_max * sigmoid(theta)``; ``rand_seed`` seeds the
     ``rand`` arm's directions (layer ``l`` uses seed ``rand_seed + l``). ``head_v_dim`` is
     ``head_dim * expand_v``. ``op_mode`` is passed to ``qedprobe.ops.qed_attention``
-    (``"naive"`` forces the PyTorch reference, also on CUDA).
+    (``"naive"`` forces the PyTorch reference, also on CUDA). ``decay_a_range`` and
+    ``decay_dt_range`` set the initial log-decay ``g = -A softplus(f_proj(x) + dt_bias)``:
+    ``A ~ U(decay_a_range)`` per head and ``softplus(dt_bias)`` log-uniform in ``decay_dt_range``
+    per key channel (fla's defaults ``(1, 16)`` and ``(1e-3, 1e-1)``: initial half-lives of
+    about 0.4 to 700 tokens).
     """
 
     vocab_size: int = 32000
@@ -55,6 +59,8 @@ class QEDConfig:
     rand_seed: int = 0
     initializer_range: float = 0.02
     op_mode: str = "auto"
+    decay_a_range: tuple = (1.0, 16.0)
+    decay_dt_range: tuple = (1e-3, 1e-1)
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim",
@@ -78,6 +84,15 @@ class QEDConfig:
             size = int(self.hidden_size * self.hidden_ratio * 2 / 3)
             self.intermediate_size = 256 * ((size + 255) // 256)
         _positive_int("intermediate_size", self.intermediate_size)
+        for name in ("decay_a_range", "decay_dt_range"):
+            value = getattr(self, name)
+            if not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise ValueError(f"QEDConfig: `{name}` must be a pair (low, high), got {value!r}")
+            for bound in value:
+                _positive_float(name, bound)
+            if value[0] > value[1]:
+                raise ValueError(f"QEDConfig: `{name}` must have low <= high, got {value!r}")
+            setattr(self, name, tuple(float(b) for b in value))
 
     @property
     def head_v_dim(self) -> int:

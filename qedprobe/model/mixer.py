@@ -52,13 +52,13 @@ class MixerState(NamedTuple):
     conv: tuple
 
 
-def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter) -> None:
-    """fla's decay initialisation: ``exp(A_log) ~ U(1, 16)``; ``softplus(dt_bias) = dt`` with
-    ``dt`` log-uniform in ``[1e-3, 1e-1]`` (at least 1e-4)."""
+def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter, a_range, dt_range) -> None:
+    """Decay initialisation (fla's with QEDConfig's default ranges): ``exp(A_log) ~ U(a_range)``;
+    ``softplus(dt_bias) = dt`` with ``dt`` log-uniform in ``dt_range``."""
     with torch.no_grad():
-        A_log.copy_(torch.empty_like(A_log).uniform_(1, 16).log())
-        log_dt = torch.empty_like(dt_bias).uniform_(math.log(1e-3), math.log(1e-1))
-        dt = log_dt.exp().clamp(min=1e-4)
+        A_log.copy_(torch.empty_like(A_log).uniform_(*a_range).log())
+        log_dt = torch.empty_like(dt_bias).uniform_(math.log(dt_range[0]), math.log(dt_range[1]))
+        dt = log_dt.exp()
         dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
 
 
@@ -80,7 +80,7 @@ class QEDMixer(nn.Module):
         self.w_proj = nn.Linear(D, H * V, bias=False)
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H * K))
-        init_decay_(self.A_log, self.dt_bias)
+        init_decay_(self.A_log, self.dt_bias, cfg.decay_a_range, cfg.decay_dt_range)
         self.g_proj = nn.Sequential(nn.Linear(D, V, bias=False), nn.Linear(V, H * V, bias=True))
         self.o_norm = RMSNorm(V, cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, D, bias=False)

@@ -25,7 +25,17 @@ FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "bat
           "clip": "clip", "loss": "loss", "mixture": "mixture", "save_every": "save_every",
           "device": "device"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
-                "head_dim": "head_dim", "op_mode": "op_mode"}
+                "head_dim": "head_dim", "op_mode": "op_mode", "decay_a": "decay_a_range",
+                "decay_dt": "decay_dt_range"}
+
+
+def _pair(text: str) -> tuple[float, float]:
+    """``"0.5,2"`` -> ``(0.5, 2.0)``."""
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH (two numbers), got {text!r}") from None
+    return low, high
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -78,6 +88,10 @@ def register(subparsers) -> None:
     g.add_argument("--heads", type=int)
     g.add_argument("--head-dim", type=int)
     g.add_argument("--op-mode", choices=MODES, help="QED op the model calls (default auto)")
+    g.add_argument("--decay-a", type=_pair, metavar="LOW,HIGH",
+                   help="initial A range of the log-decay (default fla's 1,16)")
+    g.add_argument("--decay-dt", type=_pair, metavar="LOW,HIGH",
+                   help="initial dt range, log-uniform (default fla's 0.001,0.1)")
     g = p.add_argument_group("data and optimisation (override the preset)")
     g.add_argument("--mixture", choices=sorted(MIXTURES))
     g.add_argument("--loss", choices=LOSSES, help="all: every non-PAD token (default); answer: answer values only")

@@ -34,7 +34,8 @@ PRESETS = {
 }
 
 MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_heads", "head_dim", "expand_v", "hidden_ratio",
-              "conv_size", "lambda_max", "rand_seed", "initializer_range", "op_mode")
+              "conv_size", "lambda_max", "rand_seed", "initializer_range", "op_mode", "decay_a_range",
+              "decay_dt_range")
 
 
 @dataclass
