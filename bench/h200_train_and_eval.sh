@@ -3,7 +3,8 @@
 # measure them for docs/RESULTS.md.
 #   run(command="STEPS=850 bash bench/h200_train_and_eval.sh", carry=[".whl_tl"], kind="nvidia-h200-x2")
 # 1. bench/train_checkpoints.sh: 6 arms x seeds 0,1, six runs at once per GPU, STEPS steps
-#    (warmup 7 %, decay 20 %), into /tmp/ckpt;
+#    (warmup 7 %, decay 20 %) plus TRAIN_FLAGS (e.g. "--decay-a 0.5,2 --decay-dt 1e-4,0.1"), into
+#    /tmp/ckpt; ARMS, SEEDS and PER_GPU pass on to it;
 # 2. $OUT/ckpt-N.tar: the checkpoints of PACK (';'-separated pairs; a call sends back at most 64 MiB in 8 files
 #    of 16 MiB, so 8 of the 12 7.5-MB checkpoints: the rest waits on the machine for the next call,
 #    `tar -C /tmp/ckpt -cf $OUT/ckpt-5.tar A B`);
@@ -15,7 +16,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_tl/*.whl || exit 1
 STEPS=${STEPS:-850}
 T0=$(date +%s)
-CKPT=/tmp/ckpt RUNS=/tmp/runs EXTRA="--steps $STEPS --warmup $((STEPS * 7 / 100)) --decay $((STEPS / 5)) --save-every $STEPS" \
+CKPT=/tmp/ckpt RUNS=/tmp/runs EXTRA="--steps $STEPS --warmup $((STEPS * 7 / 100)) --decay $((STEPS / 5)) --save-every $STEPS ${TRAIN_FLAGS:-}" \
     bash bench/train_checkpoints.sh | tee "$OUT/train.log"
 echo "training wall $(($(date +%s) - T0)) s" | tee -a "$OUT/train.log"
 IFS=';' read -r -a PAIRS <<< "${PACK:-gdn2-s0 full-s0;nogate-s0 nogate_noproj-s0;rand-s0 noproj-s0;gdn2-s1 full-s1}"
