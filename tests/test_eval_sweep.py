@@ -151,13 +151,14 @@ def test_gdn2_model_refuses_strengths_other_than_one(tmp_path, capsys):
 
 
 def test_out_folder_with_other_config_and_lock(tmp_path):
-    cfg = {"samples_spec": {"task": "a"}, "intervention": {}, "model": {}}
+    cfg = {"samples_spec": {"task": "a"}, "intervention": {}, "model": {"pair": (0.5, 2.0)}}
     store = ResultsStore(tmp_path / "o", cfg)
     with pytest.raises(SweepError, match="another sweep"):
         ResultsStore(tmp_path / "o", cfg)
     assert not (tmp_path / "o" / "config.json").exists()   # nothing written before the first row
     store.append([{"length": 8, "s": 1.0, "sample_id": 0, "correct": True}])
     store.close()
+    ResultsStore(tmp_path / "o", cfg).close()  # a tuple stored as a JSON list is the same config
     with pytest.raises(SweepError, match="different samples_spec"):
         ResultsStore(tmp_path / "o", {**cfg, "samples_spec": {"task": "b"}})
 

@@ -96,6 +96,7 @@ class ResultsStore:
 
     def __init__(self, out, config: dict, fixed=("samples_spec", "intervention", "model", "decode")):
         self.dir = Path(out)
+        config = json.loads(json.dumps(config))  # compare as stored: tuples become lists
         if self.dir.exists() and not self.dir.is_dir():
             raise SweepError(f"output {str(self.dir)!r} exists and is not a folder")
         try:
@@ -299,12 +300,18 @@ def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------------- runner
+FINGERPRINT_EXCLUDES = ("op_mode", "decay_a_range", "decay_dt_range")
+"""Config keys that do not change what a built model computes (the op used; the initialisation
+ranges): left out of a sweep's model fingerprint, so folders stay resumable across them."""
+
+
 def _model_fingerprint(model) -> dict:
     cfg = getattr(model, "cfg", None)
     if cfg is None:
         return {}
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
-    d.pop("op_mode", None)
+    for key in FINGERPRINT_EXCLUDES:
+        d.pop(key, None)
     return d
 
 
