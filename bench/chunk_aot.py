@@ -3,6 +3,9 @@ ptxas its wheel carries) and print shared memory, registers and spills per kerne
 
     python bench/chunk_aot.py main|warps|scan|intra|fp32|fp64|wrapper|f64k256|k256|bwd
 
+The intra step is two kernels: ``qed_prep_kernel`` and the autotuned ``qed_solve_kernel``
+(compiled here at each of its configs' warp counts, or at ``W`` when given).
+
 It reproduced the device's shared-memory figure (294912 B for the float32 scan with two stages)
 exactly, so configurations can be screened here before spending device time.
 """
@@ -11,7 +14,7 @@ import triton, triton.language as tl
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
 from qedprobe.kernels.qed.chunk import INTRA_CONFIG
-from qedprobe.kernels.qed.chunk_intra import qed_intra_kernel
+from qedprobe.kernels.qed.chunk_intra import qed_prep_kernel, qed_solve_kernel
 from qedprobe.kernels.qed.chunk_scan import qed_scan_kernel
 from qedprobe.kernels.qed.chunk_bwd import DSTATE_CONFIG, INTRA_BWD_CONFIG
 from qedprobe.kernels.qed.chunk_bwd_intra import qed_intra_bwd_kernel
@@ -19,6 +22,7 @@ from qedprobe.kernels.qed.chunk_bwd_scan import qed_dstate_kernel
 TGT = GPUTarget("cuda", 90, 32)
 
 def compile_(kern, ptrs, scalars, consts, num_warps, num_stages):
+    kern = kern.fn if isinstance(kern, triton.runtime.Autotuner) else kern
     fn = kern.fn if hasattr(kern, "fn") else kern
     names = list(inspect.signature(fn).parameters)
     sig = {}
@@ -48,15 +52,19 @@ def run(dt_in="bf16", ct="fp32", probes=True, K=128, V=128, H=16, inter=None, pr
     BKS = min(BKS_, triton.next_power_of_2(K)); BVS = min(64, triton.next_power_of_2(V))
     NK = triton.cdiv(K, BKS); NV = triton.cdiv(V, BVS)
     P = lambda t: "*" + t
-    common_c = dict(H=H, K=K, BT=64, BC=16, BKS=BKS, NK=NK, IS_VARLEN=False, DT=DT, PREC=prec)
-    arm = dict(ARM=3, LAM_TOKEN=False, L2NORM=True, PROBES=probes, SPAN=30.0)
+    common_c = dict(H=H, K=K, BT=64, BKS=BKS, NK=NK, IS_VARLEN=False, DT=DT, ARM=3, LAM_TOKEN=False, PROBES=probes)
     inp = {n: P(dt_in) for n in "q k v b w".split()}
     inp.update(g=P("fp32"), lam=P(ct), z=P(ct), d_in=P(dt_in), cu_seqlens=P("i32"), chunk_indices=P("i32"))
     outs = {n: P(inter) for n in "W U KG QG DG AQK ADK".split()}
-    outs.update({n: P(ct) for n in "AKK GL RHO EIG DPR".split()})
+    outs.update({n: P(ct) for n in "AKK GL RHO EIG DPR GC RQ RK CP".split()})
     sc = dict(T="i32", scale="fp32")
     if impl == "fused":
-        compile_(qed_intra_kernel, {**inp, **outs}, sc, dict(common_c, V=V, BVS=BVS, NV=NV, **arm), W or INTRA_CONFIG["num_warps"], 1)
+        PB = min(INTRA_CONFIG["prep_BKS"], triton.next_power_of_2(K))
+        compile_(qed_prep_kernel, {**inp, **outs}, sc, dict(common_c, L2NORM=True, BKS=PB, NK=triton.cdiv(K, PB)),
+                 INTRA_CONFIG["prep_warps"], 1)
+        for nw in ([W] if W else [c.num_warps for c in qed_solve_kernel.configs]):
+            compile_(qed_solve_kernel, {**inp, **outs}, sc,
+                     dict(common_c, V=V, BC=16, BVS=BVS, NV=NV, PREC=prec, SPAN=30.0), nw, 1)
     BK = triton.next_power_of_2(K)
     BV = BVx or (64 if (BK <= 128 and ct != "fp64") else 32)
     st = stages if stages is not None else (2 if (inter == "bf16" and BK <= 128) else 1)

@@ -9,7 +9,10 @@ Rows (median of ``triton.testing.do_bench``, bf16 inputs, float32 log-decay, qk 
 * T = 1K .. 32K with B*T = 32K tokens (B = 32 .. 1), qed vs fla;
 * forward + backward (one layer's training step: ``torch.autograd.grad`` of ``o`` w.r.t. every
   input, the Triton backward of ``kernels/qed/chunk_bwd.py``), qed vs fla ``chunk_gdn2``;
-* a decode row from ``bench/recurrent_decode.py`` (``bench_decode``) when that file exists.
+* a decode row from ``bench/recurrent_decode.py`` (``bench_decode``) when that file exists;
+* with ``--parts``, one row per qed kernel (``qed_prep_kernel``, ``qed_solve_kernel``,
+  ``qed_scan_kernel``; torch.profiler, ms per call), probes off and on.
+Old against new intra kernels in one call: ``bench/intra_compare.py``.
 Prints a markdown table last and writes it (and a JSON of all rows) to ``$OUT`` when set.
 """
 from __future__ import annotations
@@ -148,6 +151,10 @@ def main() -> int:
                 torch.cuda.synchronize()
             P(f"--- {name}: 5 calls")
             P(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60))
+            for e in prof.key_averages():  # per-kernel rows of the table: intra kernel(s), scan kernel
+                t_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                if e.key.startswith("qed_") and t_us > 0:
+                    row(f"  {name}: {e.key}", shape, t_us / 1e3 / 5, note="(per call)")
     if a.dplr and have_fla:
         t0 = time.time()
         try:

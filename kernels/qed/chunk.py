@@ -16,15 +16,17 @@ chunk, per channel; ``S0`` the chunk-start state)::
     Sd_t = (d_t e^{G_t})^T S0 + sum_{j<t} A_dk[t,j] r_j                   (probe S_bar_t^T d_t)
     S_next = Diag(e^{G_last}) S0 + sum_j (k_j e^{G_last - G_j}) r_j^T
 
-Two launches: ``chunk_intra.qed_intra_kernel`` (per chunk: L2 norms, d, a, probes rho / e / d,
-the score blocks, ``(I + A_kk)^{-1}``, ``W``, ``U``, ``kg``, ``qg``) and
-``chunk_scan.qed_scan_kernel`` (per sequence, head and value block: the state recurrence fused
-with the output and the probe ``Sd``). (A variant splitting the first launch in two, per-row-block
-scores then a per-chunk solve, was slower on an H200 — 6.72 ms vs 4.79 ms at the benchmark shape —
-and was removed.) Decays ``e^{G_t - G_j}`` are never formed as a product
-over long spans: off-diagonal 16-row sub-blocks use a reference point between ``t`` and ``j``
-(both factors <= 1) and diagonal sub-blocks fall back to exact per-element exponentials when
-their decay span exceeds 30 nats, so any ``g <= 0`` (also ``-inf``-free large negatives) is safe.
+Three launches: ``chunk_intra.qed_prep_kernel`` (per chunk: L2 norms, the per-row scalars, the
+probes rho / e / d, ``G`` to a scratch, ``kg``, ``qg``, ``dg``, ``exp(G_last)``),
+``chunk_intra.qed_solve_kernel`` (per chunk: the score blocks, ``(I + A_kk)^{-1}``, ``W``, ``U``;
+rows of ``G`` and of ``A_kk`` are read from memory instead of being pulled out of register tiles)
+and ``chunk_scan.qed_scan_kernel`` (per sequence, head and value block: the state recurrence
+fused with the output and the probe ``Sd``). (The earlier single intra kernel, 4.34 ms at the
+benchmark shape on an H200, walked ~300 dependent cross-warp reductions per program.)
+Decays ``e^{G_t - G_j}`` are never formed as a product over long spans: off-diagonal 16-row
+sub-blocks use a reference point between ``t`` and ``j`` (both factors <= 1) and diagonal
+sub-blocks fall back to exact per-element exponentials when their decay span exceeds 30 nats, so
+any ``g <= 0`` (also ``-inf``-free large negatives) is safe.
 With ``return_probes=False`` nothing probe-related is computed or written (``tl.constexpr``).
 
 Precision: float32 arithmetic throughout; matrix products in tf32x3 for float32 inputs and in
@@ -44,13 +46,17 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from .chunk_bwd import input_grads
-from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_intra_kernel
+from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_prep_kernel, qed_solve_kernel
 from .chunk_scan import qed_scan_kernel
 from .inputs import QEDProblem, check_qed_inputs, on_input_device
 
 BT = 64
 BC = 16
-INTRA_CONFIG = {"BKS": 32, "num_warps": 8}
+INTRA_CONFIG = {"BKS": 32, "prep_BKS": 16, "prep_warps": 4}
+"""Key slices of ``qed_solve_kernel`` (autotuned over 8 / 4 warps, keyed on K, V, BT and the probe
+switch; 2 warps spill 1.2-1.8 KB per thread) and of ``qed_prep_kernel``, with its warps: ptxas
+(sm_90, bf16, K=V=128, ``bench/chunk_aot.py``) gives the prep kernel 91 / 140 registers (probes
+off / on) and no spills at 16 x 4 warps, 255 and spills at 32 x 4."""
 
 
 def _interpreting() -> bool:
@@ -120,33 +126,40 @@ def _precision(P, q, k, v, b, w):
 
 
 def _intra(lay, P, x, inter, probes):
-    """Launch the intra kernel on the inputs ``x`` (dict, as ``_forward`` prepares them).
+    """Launch the two intra kernels on the inputs ``x`` (dict, as ``_forward`` prepares them).
 
-    Returns the buffers ``W, U, KG, QG, AQK, GL, AKK`` (``AKK`` ends as ``(I + A_kk)^{-1}``) and,
-    with ``probes``, ``DG, ADK, rho, eig, dpr``.
+    Returns the buffers ``W, U, KG, QG, AQK, GL, AKK`` (``AKK`` ends as ``(I + A_kk)^{-1}``), the
+    scratch ``GC, RQ, RK, CP`` and, with ``probes``, ``DG, ADK, rho, eig, dpr``.
     """
     B, T, H, K, V, dev, ct = P.B, P.T, P.H, P.K, P.V, x["q"].device, P.compute_dtype
     bk = lambda dt: torch.empty(B, T, H, K, device=dev, dtype=dt)  # noqa: E731
-    bufs = {"W": bk(inter), "KG": bk(inter), "QG": bk(inter),
+    row = lambda: torch.empty(B, T, H, device=dev, dtype=ct)  # noqa: E731
+    bufs = {"W": bk(inter), "KG": bk(inter), "QG": bk(inter), "GC": bk(ct), "RQ": row(), "RK": row(), "CP": row(),
             "U": torch.empty(B, T, H, V, device=dev, dtype=inter),
             "AQK": torch.empty(B, T, H, BT, device=dev, dtype=inter),
             "GL": torch.empty(lay.NC, H, K, device=dev, dtype=ct),
             "AKK": torch.empty(B, T, H, BT, device=dev, dtype=ct)}  # scratch: A_kk, then its inverse
     if probes:
-        bufs.update(DG=bk(inter), ADK=torch.empty_like(bufs["AQK"]), dpr=bk(ct),
-                    rho=torch.empty(B, T, H, device=dev, dtype=ct), eig=torch.empty(B, T, H, device=dev, dtype=ct))
+        bufs.update(DG=bk(inter), ADK=torch.empty_like(bufs["AQK"]), dpr=bk(ct), rho=row(), eig=row())
     opt = lambda name, fallback: bufs[name] if probes else bufs[fallback]  # noqa: E731
     BKS = min(INTRA_CONFIG["BKS"], triton.next_power_of_2(K))
     BVS = min(64, triton.next_power_of_2(V))
-    qed_intra_kernel[lay.grid](
-        x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lam"], x["z"], x["d"],
-        bufs["W"], bufs["U"], bufs["KG"], bufs["QG"], opt("DG", "W"), bufs["AQK"], opt("ADK", "AQK"),
-        bufs["AKK"], bufs["GL"], opt("rho", "GL"), opt("eig", "GL"), opt("dpr", "W"),
-        lay.cu, lay.chunk_indices, T, P.scale,
-        H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
-        ARM=x["arm"], LAM_TOKEN=P.lam_per_token, L2NORM=x["l2norm"],
-        PROBES=probes, SPAN=SPAN_MAX, IS_VARLEN=lay.cu is not None, DT=lay.DT, PREC=lay.prec,
-        num_warps=INTRA_CONFIG["num_warps"], num_stages=1,
+    PBKS = min(INTRA_CONFIG["prep_BKS"], triton.next_power_of_2(K))
+    common = {"H": H, "K": K, "BT": BT, "ARM": x["arm"], "LAM_TOKEN": P.lam_per_token,
+              "IS_VARLEN": lay.cu is not None, "PROBES": probes, "DT": lay.DT}
+    qed_prep_kernel[lay.grid](
+        x["q"], x["k"], x["b"], x["g"], x["lam"], x["z"], x["d"],
+        bufs["RQ"], bufs["RK"], bufs["CP"], bufs["GC"], bufs["KG"], bufs["QG"], opt("DG", "QG"), bufs["GL"],
+        opt("rho", "RQ"), opt("eig", "RQ"), opt("dpr", "GC"), lay.cu, lay.chunk_indices, T, P.scale,
+        BKS=PBKS, NK=triton.cdiv(K, PBKS), L2NORM=x["l2norm"], **common, num_warps=INTRA_CONFIG["prep_warps"],
+        num_stages=1,
+    )
+    qed_solve_kernel[lay.grid](
+        x["q"], x["k"], x["v"], x["b"], x["w"], x["lam"], x["z"], x["d"],
+        bufs["GC"], bufs["RQ"], bufs["RK"], bufs["CP"], bufs["W"], bufs["U"], bufs["AQK"], opt("ADK", "AQK"),
+        bufs["AKK"], lay.cu, lay.chunk_indices, T, P.scale,
+        V=V, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS), PREC=lay.prec, SPAN=SPAN_MAX,
+        **common,
     )
     return bufs
 

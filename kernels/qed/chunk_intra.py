@@ -1,27 +1,37 @@
-r"""Intra-chunk kernel of ``qed_chunk``: per-token preparation, the chunk's score matrices,
+r"""Intra-chunk kernels of ``qed_chunk``: per-token preparation, the chunk's score matrices,
 the UT-transform inverse and the WY factors (see ``chunk.py`` for the algorithm).
 
-One program handles one chunk of ``BT = 64`` tokens of one head (row blocks of ``BC = 16``
-rows for the score matrices). Inputs are read in slices of ``BKS`` key channels so that K up to
-256 fits; a small scratch ``AKK`` ([B, T, H, BT], compute dtype) carries ``A_kk`` and then its
-inverse between the row-block pass and the block inversion (same program, CTA barrier).
+Two launches, each with one program per chunk of ``BT = 64`` tokens and head; inputs are read
+in slices of ``BKS`` key channels so that K up to 256 fits. ``G`` is the within-chunk inclusive
+cumsum of ``g`` (per channel).
 
-Passes, per chunk (``G`` = within-chunk inclusive cumsum of ``g``, per channel):
+``qed_prep_kernel`` (token-parallel work, reductions only along K except one cumsum per slice):
 
 1. row statistics over all of K: ``|q|^2, |k|^2, q.k, sum b k^2`` and ``k.X`` (``X`` the arm's
-   unprojected direction); from them per-row scalars (L2-norm factors, projection coefficient)
-   and the probes ``rho`` and ``e``.
-2. per row block of 16 tokens, one ``[16, 64]`` row of each score matrix: ``A_kk`` (strict),
-   ``A_qk`` (inclusive, scaled), ``A_dk`` (strict, probes only), with
-   ``A_xk[t, j] = sum_c x_{t,c} exp(G_{t,c} - G_{j,c}) k_{j,c}``. The reference point is the
-   block's first row ``s``: ``x_t e^{G_t - G_s}`` and ``k_j e^{G_s - G_j}``; for earlier blocks
-   both factors are <= 1 (never overflow); the diagonal block uses the same product when its
-   decay span is at most ``SPAN_MAX`` nats, otherwise exact per-element exponentials.
-3. ``Ai = (I + A_kk)^{-1}`` by forward substitution on the diagonal blocks and block products.
-4. ``W = Ai (a * exp(G))``, ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``,
-   ``dg = d exp(G)`` (probes), the chunk decay ``exp(G_last)``; then ``U = Ai (w * v)``.
+   unprojected direction); from them the per-row scalars ``rq, rk`` (L2-norm factors) and ``c``
+   (projection coefficient), written to ``RQ, RK, CP`` (``[B, T, H]``), and the probes ``rho, e``.
+2. per key slice: ``G`` (written to the scratch ``GC``, ``[B, T, H, K]``), ``kg = k exp(G_last - G)``,
+   ``qg = scale q exp(G)``, the chunk decay ``exp(G_last)``; probes: ``d`` and ``dg = d exp(G)``.
+
+``qed_solve_kernel`` (reads rows of ``G``, the row scalars and rows of ``A_kk`` from memory, so
+no value is pulled out of a register tile by a reduction along the token axis):
+
+3. per row block of 16 tokens, one ``[16, 64]`` row of each score matrix: ``A_kk`` (strict, to
+   the scratch ``AKK``, ``[B, T, H, BT]``), ``A_qk`` (inclusive, scaled), ``A_dk`` (strict,
+   probes only), ``A_xk[t, j] = sum_c x_{t,c} exp(G_{t,c} - G_{j,c}) k_{j,c}``. The reference
+   point is the block's first row ``s``: ``x_t e^{G_t - G_s}`` and ``k_j e^{G_s - G_j}``; for
+   earlier blocks both factors are <= 1 (never overflow); the diagonal block uses the same
+   product when its decay span (max over the block's rows and all K) is at most ``SPAN_MAX``
+   nats, otherwise exact per-element exponentials.
+4. ``Ai = (I + A_kk)^{-1}``: the four ``16 x 16`` diagonal blocks at once by forward
+   substitution on a ``[4, 16, 16]`` tile (row ``i`` = ``e_i - sum_{m<i} A[i, m] row m``, the
+   rows of ``A`` loaded from the scratch: 15 dependent steps), then the off-diagonal blocks by
+   block products; written back over ``A_kk``.
+5. ``W = Ai (a exp(G))`` and ``U = Ai (w v)``.
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -135,110 +145,6 @@ def _recon(q, k, b, z, dg_in, rows, m_r, cols, m_c, i_h, rq, rk, c, lam_r, K, H:
 
 
 @triton.jit
-def _gcum(g, rows, m_r, cols, m_c, K, carry, H: tl.constexpr, DT: tl.constexpr):
-    """Inclusive cumsum of g over this sub-block, continuing from ``carry``; new carry."""
-    b_g = _tile(g, rows, m_r, cols, m_c, H * K, DT)
-    return tl.cumsum(b_g, 0) + carry[None, :], carry + tl.sum(b_g, 0)
-
-
-@triton.jit
-def _inv_diag(A, BC: tl.constexpr):
-    """(I + A)^{-1} for strictly lower-triangular A [BC, BC] by forward substitution."""
-    r = tl.arange(0, BC)
-    X = tl.where(r[:, None] == r[None, :], 1., 0.).to(A.dtype)
-    for i in tl.static_range(1, BC):
-        a_i = _row(A, i, BC)
-        row = tl.sum(a_i[:, None] * X, 0)
-        X = tl.where(r[:, None] == i, X - row[None, :], X)
-    return X
-
-
-@triton.jit
-def _sub(x, I: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr):
-    """Entries ``I*BC .. I*BC+BC-1`` of a ``[BT]`` vector as a ``[BC]`` vector."""
-    sel = (I * BC + tl.arange(0, BC))[:, None] == tl.arange(0, BT)[None, :]
-    return tl.sum(tl.where(sel, x[None, :], 0.), 1)
-
-
-@triton.jit
-def _diag_exact(bq, ba, bd, bk, bG, cq, ck, cd, off, PROBES: tl.constexpr, BC: tl.constexpr,
-                BT: tl.constexpr):
-    """Columns ``off .. off+BC-1`` (the diagonal block) from exact per-element exponentials."""
-    r = tl.arange(0, BC)
-    cols = tl.arange(0, BT)
-    for j in range(BC):
-        kj = _row(bk, j, BC)
-        gj = _row(bG, j, BC)
-        ke = tl.exp(tl.where(r[:, None] >= j, bG - gj[None, :], 0.)) * kj[None, :]
-        sel = cols[None, :] == off + j
-        cq = tl.where(sel, tl.sum(bq * ke, 1)[:, None], cq)
-        ck = tl.where(sel, tl.sum(ba * ke, 1)[:, None], ck)
-        if PROBES:
-            cd = tl.where(sel, tl.sum(bd * ke, 1)[:, None], cd)
-    return cq, ck, cd
-
-
-@triton.jit
-def _row_block(q, k, b, g, z, d_in, rows, m_t, rq, rk, c, lam_f, AQK, ADK, AKK, bos, eos, i_t, i_h,
-               scale, I: tl.constexpr, K, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-               BKS: tl.constexpr, NK: tl.constexpr, ARM: tl.constexpr, PROBES: tl.constexpr,
-               DT: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr):
-    """Row block ``I`` (16 tokens) of A_qk, A_dk (stored) and A_kk (to the scratch)."""
-    o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
-    r_i = bos + i_t * BT + I * BC + o_c
-    m_i = r_i < eos
-    rq_i = _sub(rq, I, BC, BT)
-    rk_i = _sub(rk, I, BC, BT)
-    c_i = _sub(c, I, BC, BT)
-    l_i = _sub(lam_f, I, BC, BT)
-    accq = tl.zeros([BC, BT], dtype=DT)
-    acck = tl.zeros([BC, BT], dtype=DT)
-    accd = tl.zeros([BC, BT], dtype=DT)
-    jm = (o_t < (I + 1) * BC)[:, None]
-    for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
-        g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
-        G_f = tl.cumsum(g_f, 0)
-        k_f = _tile(k, rows, m_t, cols, m_c, H * K, DT) * rk[:, None]
-        bq, bk, ba, bd = _recon(q, k, b, z, d_in, r_i, m_i, cols, m_c, i_h, rq_i, rk_i, c_i, l_i, K, H, ARM, DT)
-        prefix = tl.sum(tl.where(o_t[:, None] < I * BC, g_f, 0.), 0)
-        G_i = tl.cumsum(_tile(g, r_i, m_i, cols, m_c, H * K, DT), 0) + prefix[None, :]
-        gs = _row(G_i, 0, BC)
-        e1 = tl.exp(G_i - gs[None, :])
-        kr = tl.trans(tl.where(jm, k_f * tl.exp(tl.minimum(tl.where(jm, gs[None, :] - G_f, 0.), 80.)), 0.))
-        cq = tl.dot(bq * e1, kr, input_precision=PREC)
-        ck = tl.dot(ba * e1, kr, input_precision=PREC)
-        if PROBES:
-            cd = tl.dot(bd * e1, kr, input_precision=PREC)
-        else:
-            cd = ck
-        span = tl.max(gs - _row(G_i, BC - 1, BC), 0)
-        if span > SPAN:
-            cq, ck, cd = _diag_exact(bq, ba, bd, bk, G_i, cq, ck, cd, I * BC, PROBES, BC, BT)
-        accq += cq
-        acck += ck
-        if PROBES:
-            accd += cd
-    ri = (I * BC + o_c)[:, None]
-    accq = tl.where(ri >= o_t[None, :], accq, 0.) * scale
-    acck = tl.where(ri > o_t[None, :], acck, 0.)
-    mc = o_t < BT
-    _put(AQK, accq, r_i, m_i, o_t, mc, H * BT)
-    _put(AKK, acck, r_i, m_i, o_t, mc, H * BT)
-    if PROBES:
-        _put(ADK, tl.where(ri > o_t[None, :], accd, 0.), r_i, m_i, o_t, mc, H * BT)
-
-
-@triton.jit
-def _blk(A, rows_i, m_i, J: tl.constexpr, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-         DT: tl.constexpr):
-    cols = J * BC + tl.arange(0, BC)
-    return _tile(A, rows_i, m_i, cols, cols < BT, H * BT, DT)
-
-
-@triton.jit
 def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):
     ``(i_h, i_t, i_g, bos, eos)`` = head, chunk within its sequence, global chunk index and the
@@ -259,70 +165,246 @@ def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constex
     return i_h, i_t, i_g, bos, eos
 
 
+
+
+def _timing(kernel_call, quantiles):
+    """Autotuner timing; the interpreter (CPU tests) times nothing and so runs the first config."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return [0., 0., 0.]
+    return triton.testing.do_bench(kernel_call, quantiles=quantiles)
+
+
 @triton.jit(do_not_specialize=['T'])
-def qed_intra_kernel(
-    q, k, v, g, b, w, lam, z, d_in,
-    W, U, KG, QG, DG, AQK, ADK, AKK, GL, RHO, EIG, DPR,
+def qed_prep_kernel(
+    q, k, b, g, lam, z, d_in,
+    RQ, RK, CP, GC, KG, QG, DG, GL, RHO, EIG, DPR,
     cu_seqlens, chunk_indices, T, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr,
-    NK: tl.constexpr, NV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr, NK: tl.constexpr,
     ARM: tl.constexpr, LAM_TOKEN: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PROBES: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr,
+    PROBES: tl.constexpr, DT: tl.constexpr,
 ):
     i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
-
-    o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
-    rows = bos + i_t * BT + o_t
+    rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
     if LAM_TOKEN:
         lam_f = tl.load(lam + rows * H + i_h, mask=m_t, other=0.).to(DT)
     else:
         lam_f = tl.zeros([BT], dtype=DT) + tl.load(lam + i_h).to(DT)
-
     q += i_h * K
     k += i_h * K
     b += i_h * K
     g += i_h * K
     d_in += i_h * K
-    AQK += i_h * BT
-    ADK += i_h * BT
-    AKK += i_h * BT
 
-    # ---- pass 1: row statistics over all of K, per-row scalars, probes rho and e
+    # ---- 1: row statistics over all of K, per-row scalars, probes rho and e
     qq, kk, kq, bkk, kx = _stats(q, k, b, z, d_in, rows, m_t, i_h, K, H, BT, BKS, NK, ARM, DT)
     rq, rk, c, rho, e = _scalars(qq, kk, kq, bkk, kx, lam_f, ARM, L2NORM)
+    tl.store(RQ + rows * H + i_h, rq.to(RQ.dtype.element_ty), mask=m_t)
+    tl.store(RK + rows * H + i_h, rk.to(RK.dtype.element_ty), mask=m_t)
+    tl.store(CP + rows * H + i_h, c.to(CP.dtype.element_ty), mask=m_t)
     if PROBES:
         tl.store(RHO + rows * H + i_h, rho.to(RHO.dtype.element_ty), mask=m_t)
         tl.store(EIG + rows * H + i_h, e.to(EIG.dtype.element_ty), mask=m_t)
 
-    # ---- pass 2: score rows, one block of 16 tokens at a time
+    # ---- 2: G (once per slice), kg, qg, (dg, d), chunk decay e^{G_last}
+    GC += i_h * K
+    KG += i_h * K
+    QG += i_h * K
+    DG += i_h * K
+    DPR += i_h * K
+    for i_k in range(NK):
+        cols = i_k * BKS + tl.arange(0, BKS)
+        m_c = cols < K
+        bq, bk, _, bd = _recon(q, k, b, z, d_in, rows, m_t, cols, m_c, i_h, rq, rk, c, lam_f, K, H, ARM, DT)
+        g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
+        G_f = tl.cumsum(g_f, 0)
+        glast = tl.sum(g_f, 0)
+        ex = tl.exp(G_f)
+        _put(GC, G_f, rows, m_t, cols, m_c, H * K)
+        _put(KG, bk * tl.exp(glast[None, :] - G_f), rows, m_t, cols, m_c, H * K)
+        _put(QG, bq * ex * scale, rows, m_t, cols, m_c, H * K)
+        tl.store(GL + (i_g * H + i_h) * K + cols, tl.exp(glast).to(GL.dtype.element_ty), mask=m_c)
+        if PROBES:
+            _put(DG, bd * ex, rows, m_t, cols, m_c, H * K)
+            _put(DPR, bd, rows, m_t, cols, m_c, H * K)
+
+
+@triton.jit
+def _diag_exact(k, GC, RK, bq, ba, bd, G_i, m_i, r_s, eos, cols, m_c, cq, ck, cd, off, K,
+                H: tl.constexpr, PROBES: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr):
+    """Columns ``off .. off+BC-1`` (the diagonal block) from exact per-element exponentials;
+    key row ``j`` and its ``G`` are read from memory."""
+    r = tl.arange(0, BC)
+    o_t = tl.arange(0, BT)
+    for j in range(BC):
+        m_j = m_c & (r_s + j < eos)
+        kj = tl.load(k + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
+        kj *= tl.load(RK + (r_s + j) * H, mask=r_s + j < eos, other=0.).to(DT)
+        gj = tl.load(GC + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
+        ke = tl.exp(tl.where((r[:, None] >= j) & m_i[:, None], G_i - gj[None, :], 0.)) * kj[None, :]
+        sel = o_t[None, :] == off + j
+        cq = tl.where(sel, tl.sum(bq * ke, 1)[:, None], cq)
+        ck = tl.where(sel, tl.sum(ba * ke, 1)[:, None], ck)
+        if PROBES:
+            cd = tl.where(sel, tl.sum(bd * ke, 1)[:, None], cd)
+    return cq, ck, cd
+
+
+@triton.jit
+def _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, scale, I: tl.constexpr,
+            K, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, NK: tl.constexpr,
+            ARM: tl.constexpr, LAM_TOKEN: tl.constexpr, PROBES: tl.constexpr, DT: tl.constexpr,
+            PREC: tl.constexpr, SPAN: tl.constexpr):
+    """Row block ``I`` (16 tokens from row ``c0 + I * BC``) of A_qk, A_dk (stored) and A_kk (to
+    the scratch). ``GC, RQ, RK, CP`` as written by ``qed_prep_kernel``; pointers offset to the head."""
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    rows = c0 + o_t
+    jm = (o_t < (I + 1) * BC) & (rows < eos)   # key rows this block reads
+    r_s = c0 + I * BC                           # reference row
+    r_e = tl.minimum(r_s + BC - 1, eos - 1)     # last valid row of the block
+    r_i = r_s + o_c
+    m_i = r_i < eos
+    rq_i = tl.load(RQ + r_i * H, mask=m_i, other=0.).to(DT)
+    rk_i = tl.load(RK + r_i * H, mask=m_i, other=0.).to(DT)
+    c_i = tl.load(CP + r_i * H, mask=m_i, other=0.).to(DT)
+    if LAM_TOKEN:
+        l_i = tl.load(lam + r_i * H, mask=m_i, other=0.).to(DT)
+    else:
+        l_i = tl.zeros([BC], dtype=DT) + tl.load(lam).to(DT)
+    rk_f = tl.load(RK + rows * H, mask=jm, other=0.).to(DT)
+    span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
+    for i_k in range(NK):
+        cols = i_k * BKS + tl.arange(0, BKS)
+        m_s = (cols < K) & (r_s < eos)
+        span = tl.maximum(span, tl.load(GC + r_s * (H * K) + cols, mask=m_s, other=0.).to(DT)
+                          - tl.load(GC + r_e * (H * K) + cols, mask=m_s, other=0.).to(DT))
+    exact = tl.max(span, 0) > SPAN
+    accq = tl.zeros([BC, BT], dtype=DT)
+    acck = tl.zeros([BC, BT], dtype=DT)
+    accd = tl.zeros([BC, BT], dtype=DT)
+    for i_k in range(NK):
+        cols = i_k * BKS + tl.arange(0, BKS)
+        m_c = cols < K
+        m_s = m_c & (r_s < eos)
+        gs = tl.load(GC + r_s * (H * K) + cols, mask=m_s, other=0.).to(DT)
+        G_f = _tile(GC, rows, jm, cols, m_c, H * K, DT)
+        k_f = _tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
+        G_i = _tile(GC, r_i, m_i, cols, m_c, H * K, DT)
+        bq, _, ba, bd = _recon(q, k, b, z, d_in, r_i, m_i, cols, m_c, 0, rq_i, rk_i, c_i, l_i, K, H, ARM, DT)
+        e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
+        kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
+        cq = tl.dot(bq * e1, kr, input_precision=PREC)
+        ck = tl.dot(ba * e1, kr, input_precision=PREC)
+        if PROBES:
+            cd = tl.dot(bd * e1, kr, input_precision=PREC)
+        else:
+            cd = ck
+        if exact:
+            cq, ck, cd = _diag_exact(k, GC, RK, bq, ba, bd, G_i, m_i, r_s, eos, cols, m_c, cq, ck, cd,
+                                     I * BC, K, H, PROBES, BC, BT, DT)
+        accq += cq
+        acck += ck
+        if PROBES:
+            accd += cd
+    ri = (I * BC + o_c)[:, None]
+    mc = o_t < BT
+    _put(AQK, tl.where(ri >= o_t[None, :], accq, 0.) * scale, r_i, m_i, o_t, mc, H * BT)
+    _put(AKK, tl.where(ri > o_t[None, :], acck, 0.), r_i, m_i, o_t, mc, H * BT)
+    if PROBES:
+        _put(ADK, tl.where(ri > o_t[None, :], accd, 0.), r_i, m_i, o_t, mc, H * BT)
+
+
+@triton.jit
+def _inv_diag(AKK, c0, eos, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr):
+    """``(I + A_JJ)^{-1}`` of the ``BT // BC`` diagonal blocks of the strictly lower ``A_kk`` (in the
+    scratch) as one ``[BT // BC, BC, BC]`` tile, by forward substitution over the block rows."""
+    o_b = tl.arange(0, BT // BC)
+    o_c = tl.arange(0, BC)
+    eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.).to(DT)
+    X = tl.zeros([BT // BC, BC, BC], dtype=DT) + eye[None, :, :]
+    for i in tl.static_range(1, BC):
+        r = c0 + o_b * BC + i
+        a = tl.load(AKK + r[:, None] * (H * BT) + (o_b * BC)[:, None] + o_c[None, :],
+                    mask=(r < eos)[:, None] & (o_c < i)[None, :], other=0.).to(DT)
+        X = tl.where((o_c == i)[None, :, None], X - tl.sum(a[:, :, None] * X, 1)[:, None, :], X)
+    return X
+
+
+@triton.jit
+def _blk(A, r0, eos, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+         DT: tl.constexpr):
+    """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]`` per-chunk matrix starting at row ``r0``."""
+    rows = r0 + I * BC + tl.arange(0, BC)
+    cols = J * BC + tl.arange(0, BC)
+    return _tile(A, rows, rows < eos, cols, cols < BT, H * BT, DT)
+
+
+@triton.jit
+def _set(A, x, r0, eos, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    rows = r0 + I * BC + tl.arange(0, BC)
+    cols = J * BC + tl.arange(0, BC)
+    _put(A, x, rows, rows < eos, cols, cols < BT, H * BT)
+
+
+@triton.autotune(configs=[triton.Config({}, num_warps=nw, num_stages=1) for nw in (8, 4)],
+                 key=["K", "V", "BT", "PROBES"], do_bench=_timing)
+@triton.jit(do_not_specialize=['T'])
+def qed_solve_kernel(
+    q, k, v, b, w, lam, z, d_in, GC, RQ, RK, CP,
+    W, U, AQK, ADK, AKK,
+    cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr,
+    NK: tl.constexpr, NV: tl.constexpr,
+    ARM: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PROBES: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr,
+):
+    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    c0 = bos + i_t * BT
+    o_t = tl.arange(0, BT)
+    rows = c0 + o_t
+    m_t = rows < eos
+
+    q += i_h * K
+    k += i_h * K
+    b += i_h * K
+    d_in += i_h * K
+    z += i_h * K
+    GC += i_h * K
+    RQ += i_h
+    RK += i_h
+    CP += i_h
+    AQK += i_h * BT
+    ADK += i_h * BT
+    AKK += i_h * BT
+    lam += i_h
+
+    # ---- 3: score rows, one block of 16 tokens at a time
     for I in tl.static_range(BT // BC):
-        _row_block(q, k, b, g, z, d_in, rows, m_t, rq, rk, c, lam_f, AQK, ADK, AKK, bos, eos, i_t,
-                   i_h, scale, I, K, H, BT, BC, BKS, NK, ARM, PROBES, DT, PREC, SPAN)
+        _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, scale, I, K, H, BT, BC,
+                BKS, NK, ARM, LAM_TOKEN, PROBES, DT, PREC, SPAN)
     tl.debug_barrier()
 
-    # ---- pass 3: Ai = (I + A_kk)^{-1}, blockwise; written back over A_kk
-    r0 = bos + i_t * BT + o_c
-    r1 = r0 + BC
-    r2 = r0 + 2 * BC
-    r3 = r0 + 3 * BC
-    m0, m1, m2, m3 = r0 < eos, r1 < eos, r2 < eos, r3 < eos
-    k00 = _blk(AKK, r0, m0, 0, H, BT, BC, DT)
-    k10 = _blk(AKK, r1, m1, 0, H, BT, BC, DT)
-    k11 = _blk(AKK, r1, m1, 1, H, BT, BC, DT)
-    k20 = _blk(AKK, r2, m2, 0, H, BT, BC, DT)
-    k21 = _blk(AKK, r2, m2, 1, H, BT, BC, DT)
-    k22 = _blk(AKK, r2, m2, 2, H, BT, BC, DT)
-    k30 = _blk(AKK, r3, m3, 0, H, BT, BC, DT)
-    k31 = _blk(AKK, r3, m3, 1, H, BT, BC, DT)
-    k32 = _blk(AKK, r3, m3, 2, H, BT, BC, DT)
-    k33 = _blk(AKK, r3, m3, 3, H, BT, BC, DT)
-    i00 = _inv_diag(k00, BC)
-    i11 = _inv_diag(k11, BC)
-    i22 = _inv_diag(k22, BC)
-    i33 = _inv_diag(k33, BC)
+    # ---- 4: Ai = (I + A_kk)^{-1}: diagonal blocks by substitution, the rest by block products
+    X = _inv_diag(AKK, c0, eos, H, BT, BC, DT)
+    tl.debug_barrier()
+    o_b = tl.arange(0, BT // BC)
+    o_c = tl.arange(0, BC)
+    r3 = c0 + o_b[:, None, None] * BC + o_c[None, :, None]
+    c3 = o_b[:, None, None] * BC + o_c[None, None, :]
+    tl.store(AKK + r3 * (H * BT) + c3, X.to(AKK.dtype.element_ty), mask=(r3 < eos) & (c3 < BT))
+    tl.debug_barrier()
+    i00 = _blk(AKK, c0, eos, 0, 0, H, BT, BC, DT)
+    i11 = _blk(AKK, c0, eos, 1, 1, H, BT, BC, DT)
+    i22 = _blk(AKK, c0, eos, 2, 2, H, BT, BC, DT)
+    i33 = _blk(AKK, c0, eos, 3, 3, H, BT, BC, DT)
+    k10 = _blk(AKK, c0, eos, 1, 0, H, BT, BC, DT)
+    k20 = _blk(AKK, c0, eos, 2, 0, H, BT, BC, DT)
+    k21 = _blk(AKK, c0, eos, 2, 1, H, BT, BC, DT)
+    k30 = _blk(AKK, c0, eos, 3, 0, H, BT, BC, DT)
+    k31 = _blk(AKK, c0, eos, 3, 1, H, BT, BC, DT)
+    k32 = _blk(AKK, c0, eos, 3, 2, H, BT, BC, DT)
     i10 = -tl.dot(i11, tl.dot(k10, i00, input_precision="ieee"), input_precision="ieee")
     i21 = -tl.dot(i22, tl.dot(k21, i11, input_precision="ieee"), input_precision="ieee")
     i32 = -tl.dot(i33, tl.dot(k32, i22, input_precision="ieee"), input_precision="ieee")
@@ -334,45 +416,31 @@ def qed_intra_kernel(
                   + tl.dot(k31, i10, input_precision="ieee")
                   + tl.dot(k32, i20, input_precision="ieee"), input_precision="ieee")
     tl.debug_barrier()
-    c0, c1, c2, c3 = o_c, o_c + BC, o_c + 2 * BC, o_c + 3 * BC
-    mc = o_c < BC
-    _put(AKK, i00, r0, m0, c0, mc, H * BT)
-    _put(AKK, i10, r1, m1, c0, mc, H * BT)
-    _put(AKK, i11, r1, m1, c1, mc, H * BT)
-    _put(AKK, i20, r2, m2, c0, mc, H * BT)
-    _put(AKK, i21, r2, m2, c1, mc, H * BT)
-    _put(AKK, i22, r2, m2, c2, mc, H * BT)
-    _put(AKK, i30, r3, m3, c0, mc, H * BT)
-    _put(AKK, i31, r3, m3, c1, mc, H * BT)
-    _put(AKK, i32, r3, m3, c2, mc, H * BT)
-    _put(AKK, i33, r3, m3, c3, mc, H * BT)
+    _set(AKK, i10, c0, eos, 1, 0, H, BT, BC)
+    _set(AKK, i20, c0, eos, 2, 0, H, BT, BC)
+    _set(AKK, i21, c0, eos, 2, 1, H, BT, BC)
+    _set(AKK, i30, c0, eos, 3, 0, H, BT, BC)
+    _set(AKK, i31, c0, eos, 3, 1, H, BT, BC)
+    _set(AKK, i32, c0, eos, 3, 2, H, BT, BC)
     tl.debug_barrier()
     lower = (o_t[None, :] // BC) <= (o_t[:, None] // BC)
     Ai = tl.load(AKK + rows[:, None] * (H * BT) + o_t[None, :], mask=m_t[:, None] & lower, other=0.).to(DT)
 
-    # ---- pass 4: W = Ai (a e^G), kg, qg, (dg, d), chunk decay e^{G_last}
+    # ---- 5: W = Ai (a e^G), U = Ai (w * v)
+    rq = tl.load(RQ + rows * H, mask=m_t, other=0.).to(DT)
+    rk = tl.load(RK + rows * H, mask=m_t, other=0.).to(DT)
+    c = tl.load(CP + rows * H, mask=m_t, other=0.).to(DT)
+    if LAM_TOKEN:
+        lam_f = tl.load(lam + rows * H, mask=m_t, other=0.).to(DT)
+    else:
+        lam_f = tl.zeros([BT], dtype=DT) + tl.load(lam).to(DT)
     W += i_h * K
-    KG += i_h * K
-    QG += i_h * K
-    DG += i_h * K
-    DPR += i_h * K
     for i_k in range(NK):
         cols = i_k * BKS + tl.arange(0, BKS)
         m_c = cols < K
-        bq, bk, ba, bd = _recon(q, k, b, z, d_in, rows, m_t, cols, m_c, i_h, rq, rk, c, lam_f, K, H, ARM, DT)
-        g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
-        G_f = tl.cumsum(g_f, 0)
-        glast = tl.sum(g_f, 0)
-        ex = tl.exp(G_f)
+        _, _, ba, _ = _recon(q, k, b, z, d_in, rows, m_t, cols, m_c, 0, rq, rk, c, lam_f, K, H, ARM, DT)
+        ex = tl.exp(_tile(GC, rows, m_t, cols, m_c, H * K, DT))
         _put(W, tl.dot(Ai, ba * ex, input_precision=PREC), rows, m_t, cols, m_c, H * K)
-        _put(KG, bk * tl.exp(glast[None, :] - G_f), rows, m_t, cols, m_c, H * K)
-        _put(QG, bq * ex * scale, rows, m_t, cols, m_c, H * K)
-        tl.store(GL + (i_g * H + i_h) * K + cols, tl.exp(glast).to(GL.dtype.element_ty), mask=m_c)
-        if PROBES:
-            _put(DG, bd * ex, rows, m_t, cols, m_c, H * K)
-            _put(DPR, bd, rows, m_t, cols, m_c, H * K)
-
-    # ---- pass 5: U = Ai (w * v)
     v += i_h * V
     w += i_h * V
     U += i_h * V
