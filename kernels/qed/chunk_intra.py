@@ -174,6 +174,25 @@ def _timing(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, quantiles=quantiles)
 
 
+@triton.jit
+def _row_lam(lam, r, m, H: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
+    """lambda of rows ``r`` (mask ``m``) of one head: per token ``lam[r * H]``, or the head's ``lam[0]``."""
+    if LAM_TOKEN:
+        out = tl.load(lam + r * H, mask=m, other=0.).to(DT)
+    else:
+        out = tl.zeros_like(r).to(DT) + tl.load(lam).to(DT)
+    return out
+
+
+@triton.jit
+def _row_scalars(RQ, RK, CP, lam, r, m, H: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
+    """The per-row scalars the prep kernel stored (``rq, rk, c``) and lambda, for rows ``r``."""
+    rq = tl.load(RQ + r * H, mask=m, other=0.).to(DT)
+    rk = tl.load(RK + r * H, mask=m, other=0.).to(DT)
+    c = tl.load(CP + r * H, mask=m, other=0.).to(DT)
+    return rq, rk, c, _row_lam(lam, r, m, H, LAM_TOKEN, DT)
+
+
 @triton.jit(do_not_specialize=['T'])
 def qed_prep_kernel(
     q, k, b, g, lam, z, d_in,
@@ -186,10 +205,7 @@ def qed_prep_kernel(
     i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
-    if LAM_TOKEN:
-        lam_f = tl.load(lam + rows * H + i_h, mask=m_t, other=0.).to(DT)
-    else:
-        lam_f = tl.zeros([BT], dtype=DT) + tl.load(lam + i_h).to(DT)
+    lam_f = _row_lam(lam + i_h, rows, m_t, H, LAM_TOKEN, DT)
     q += i_h * K
     k += i_h * K
     b += i_h * K
@@ -265,13 +281,7 @@ def _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, 
     r_e = tl.minimum(r_s + BC - 1, eos - 1)     # last valid row of the block
     r_i = r_s + o_c
     m_i = r_i < eos
-    rq_i = tl.load(RQ + r_i * H, mask=m_i, other=0.).to(DT)
-    rk_i = tl.load(RK + r_i * H, mask=m_i, other=0.).to(DT)
-    c_i = tl.load(CP + r_i * H, mask=m_i, other=0.).to(DT)
-    if LAM_TOKEN:
-        l_i = tl.load(lam + r_i * H, mask=m_i, other=0.).to(DT)
-    else:
-        l_i = tl.zeros([BC], dtype=DT) + tl.load(lam).to(DT)
+    rq_i, rk_i, c_i, l_i = _row_scalars(RQ, RK, CP, lam, r_i, m_i, H, LAM_TOKEN, DT)
     rk_f = tl.load(RK + rows * H, mask=jm, other=0.).to(DT)
     span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
     for i_k in range(NK):
@@ -427,13 +437,7 @@ def qed_solve_kernel(
     Ai = tl.load(AKK + rows[:, None] * (H * BT) + o_t[None, :], mask=m_t[:, None] & lower, other=0.).to(DT)
 
     # ---- 5: W = Ai (a e^G), U = Ai (w * v)
-    rq = tl.load(RQ + rows * H, mask=m_t, other=0.).to(DT)
-    rk = tl.load(RK + rows * H, mask=m_t, other=0.).to(DT)
-    c = tl.load(CP + rows * H, mask=m_t, other=0.).to(DT)
-    if LAM_TOKEN:
-        lam_f = tl.load(lam + rows * H, mask=m_t, other=0.).to(DT)
-    else:
-        lam_f = tl.zeros([BT], dtype=DT) + tl.load(lam).to(DT)
+    rq, rk, c, lam_f = _row_scalars(RQ, RK, CP, lam, rows, m_t, H, LAM_TOKEN, DT)
     W += i_h * K
     for i_k in range(NK):
         cols = i_k * BKS + tl.arange(0, BKS)
