@@ -9,11 +9,12 @@ prompt, summed over its tokens) still moves. Chance for the 7 random digits is
         --samples 40 --strengths=-1,0,1,2 --out runs/likelihood.json
 
 Every model sees the same prompts (task seed ``--seed``; sample i at length L is one prompt).
-``--strengths`` apply to the QED arms (gdn2 runs at s = 1 only). Prints, per model, length and s,
-the mean (nats) with a 95% normal interval, and paired comparisons on shared samples: each arm
-against the gdn2 model of the same seed (s = 1), and each s against s = 1 (mean difference,
-95% interval, and the exact sign test: ``mcnemar_exact`` on the counts of positive and negative
-differences). Writes every per-sample value to ``--out`` (JSON), resuming from it.
+``--strengths`` apply to the QED arms (gdn2 runs at s = 1 only). Models are named by ``--labels``
+(default: their folder names). Prints, per model, length and s, the mean (nats) with a 95% normal
+interval, and paired comparisons on shared samples: each model against ``--baseline`` (default:
+the first gdn2 model) at s = 1, and each s against s = 1 (mean difference, 95% interval, and the
+exact sign test: ``mcnemar_exact`` on the counts of positive and negative differences). Writes
+every per-sample value to ``--out`` (JSON), resuming from it.
 """
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def paired(a, b):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", required=True, help="checkpoint folders (<arm>-s<seed>)")
+    ap.add_argument("--models", nargs="+", required=True, help="checkpoint folders")
+    ap.add_argument("--labels", default=None, help="comma list, one per model (default: folder names)")
+    ap.add_argument("--baseline", default=None, help="label of the paired baseline (default: first gdn2 model)")
     ap.add_argument("--lengths", default="1K,2K")
     ap.add_argument("--samples", type=int, default=40)
     ap.add_argument("--strengths", default="1", help="comma list of s for the QED arms")
@@ -65,10 +68,14 @@ def main() -> int:
         raise SystemExit(f"--samples must be >= 2, got {a.samples}")
     out = Path(a.out)
     done = json.loads(out.read_text()) if out.is_file() else {}
+    labels = a.labels.split(",") if a.labels else [Path(m).name for m in a.models]
+    if len(labels) != len(a.models) or len(set(labels)) != len(labels):
+        raise SystemExit(f"--labels: need {len(a.models)} distinct names, got {labels}")
     task = make_task("s-niah-1", load_tokenizer("bytes"))
-    for path in a.models:
+    arms = {}
+    for path, name in zip(a.models, labels):
         model = QEDModel.from_pretrained(path).float().eval()
-        name = Path(path).name
+        arms[name] = model.cfg.arm
         for L in lengths:
             prompts = task.samples(L, a.samples, seed=a.seed)
             for s in (strengths if model.cfg.arm != "gdn2" else [1.0]):
@@ -79,16 +86,17 @@ def main() -> int:
                     out.write_text(json.dumps(done))
                 m, lo, hi = mean_ci(done[key])
                 print(f"{key:28s} {m:8.3f} [{lo:.3f}, {hi:.3f}] nats ({m / 7:.3f} per digit)", flush=True)
+    base = a.baseline or next((n for n in labels if arms[n] == "gdn2"), None)
     print("\npaired on shared samples: mean difference [95% interval], sign-test p")
-    for key, vals in sorted(done.items()):
-        name, L, s = key.split("|")
-        arm, seed = name.rsplit("-s", 1)
-        base = done.get(f"gdn2-s{seed}|{L}|1")
-        if s == "1" and arm != "gdn2" and base:
-            print(f"{name:20s} L={L:6s} vs gdn2-s{seed}: %+.3f [%+.3f, %+.3f] p=%.3g" % paired(vals, base))
-        ref = done.get(f"{name}|{L}|1")
-        if s != "1" and ref:
-            print(f"{name:20s} L={L:6s} s={s:4s} vs s=1: %+.3f [%+.3f, %+.3f] p=%.3g" % paired(vals, ref))
+    for name in labels:
+        for L in lengths:
+            ref = done[f"{name}|{L}|1"]
+            for s in strengths:
+                if s != 1 and f"{name}|{L}|{s:g}" in done:
+                    print(f"{name:20s} L={L:<6d} s={s:<4g} vs s=1: %+.3f [%+.3f, %+.3f] p=%.3g"
+                          % paired(done[f"{name}|{L}|{s:g}"], ref))
+            if base and name != base:
+                print(f"{name:20s} L={L:<6d} vs {base}: %+.3f [%+.3f, %+.3f] p=%.3g" % paired(ref, done[f"{base}|{L}|1"]))
     return 0
 
 
