@@ -246,14 +246,14 @@ def qed_prep_kernel(
 
 
 @triton.jit
-def _diag_exact(k, GC, RK, bq, ba, bd, G_i, m_i, r_s, eos, cols, m_c, cq, ck, cd, off, K,
+def _diag_exact(k, GC, RK, bq, ba, bd, G_i, m_i, r_s, eos, cols, cq, ck, cd, off, K,
                 H: tl.constexpr, PROBES: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr):
     """Columns ``off .. off+BC-1`` (the diagonal block) from exact per-element exponentials;
     key row ``j`` and its ``G`` are read from memory."""
     r = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     for j in range(BC):
-        m_j = m_c & (r_s + j < eos)
+        m_j = cols < K * (r_s + j < eos).to(tl.int32)  # a tensor mask (tensor & scalar is refused)
         kj = tl.load(k + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
         kj *= tl.load(RK + (r_s + j) * H, mask=r_s + j < eos, other=0.).to(DT)
         gj = tl.load(GC + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
@@ -283,10 +283,11 @@ def _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, 
     m_i = r_i < eos
     rq_i, rk_i, c_i, l_i = _row_scalars(RQ, RK, CP, lam, r_i, m_i, H, LAM_TOKEN, DT)
     rk_f = tl.load(RK + rows * H, mask=jm, other=0.).to(DT)
+    k_lim = K * (r_s < eos).to(tl.int32)       # key columns of the reference row: K, or 0 past the end
     span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
     for i_k in range(NK):
         cols = i_k * BKS + tl.arange(0, BKS)
-        m_s = (cols < K) & (r_s < eos)
+        m_s = cols < k_lim
         span = tl.maximum(span, tl.load(GC + r_s * (H * K) + cols, mask=m_s, other=0.).to(DT)
                           - tl.load(GC + r_e * (H * K) + cols, mask=m_s, other=0.).to(DT))
     exact = tl.max(span, 0) > SPAN
@@ -296,7 +297,7 @@ def _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, 
     for i_k in range(NK):
         cols = i_k * BKS + tl.arange(0, BKS)
         m_c = cols < K
-        m_s = m_c & (r_s < eos)
+        m_s = cols < k_lim
         gs = tl.load(GC + r_s * (H * K) + cols, mask=m_s, other=0.).to(DT)
         G_f = _tile(GC, rows, jm, cols, m_c, H * K, DT)
         k_f = _tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
@@ -311,7 +312,7 @@ def _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, 
         else:
             cd = ck
         if exact:
-            cq, ck, cd = _diag_exact(k, GC, RK, bq, ba, bd, G_i, m_i, r_s, eos, cols, m_c, cq, ck, cd,
+            cq, ck, cd = _diag_exact(k, GC, RK, bq, ba, bd, G_i, m_i, r_s, eos, cols, cq, ck, cd,
                                      I * BC, K, H, PROBES, BC, BT, DT)
         accq += cq
         acck += ck
