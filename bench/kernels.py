@@ -133,13 +133,6 @@ def main() -> int:
     row("qed_chunk fwd (full) + probes", shape, ms(qed_fn(x, probes=True)), fla_ms)
     P(f"bytes in+out once: {nbytes / 1e9:.3f} GB -> {nbytes / q_ms / 1e6:.0f} GB/s effective, "
       f"floor at 4.3 TB/s {nbytes / 4.3e9:.3f} ms")
-    fb_ms = a.fla_fb_ms
-    if have_fla and not a.no_fla:
-        fb_ms = row("fla chunk_gdn2 fwd+bwd", shape, ms(fwd_bwd(fla_fn, x, "qkvgbw")), note="(anchor 11.25 ms)")
-    try:
-        row("qed_chunk fwd+bwd (full)", shape, ms(fwd_bwd(qed_fn, x, ("q", "k", "v", "g", "b", "w", "lam"))), fb_ms)
-    except Exception as err:  # noqa: BLE001 - report and go on with the forward rows
-        P("qed_chunk fwd+bwd failed:", repr(err)[:300])
     if a.parts:
         from torch.profiler import ProfilerActivity, profile
         fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))]
@@ -200,6 +193,24 @@ def main() -> int:
                     P(f"budget: arm sweep cut before {arm}")
                     break
                 row(f"qed_chunk {arm}{' +probes' if probes else ''}", shape, ms(qed_fn(x, arm, probes)), fla_ms)
+    # Forward + backward last: fla autotunes its backward on the first call (minutes on an H200),
+    # so everything above is on record before it starts. The ratio is against --fla-fb-ms (the
+    # anchor) first, then against fla measured here.
+    try:
+        qfb_ms = row("qed_chunk fwd+bwd (full)", shape,
+                     ms(fwd_bwd(qed_fn, x, ("q", "k", "v", "g", "b", "w", "lam"))), a.fla_fb_ms,
+                     note="(ratio vs --fla-fb-ms)" if a.fla_fb_ms else "")
+    except Exception as err:  # noqa: BLE001 - report and go on
+        P("qed_chunk fwd+bwd failed:", repr(err)[:300])
+        qfb_ms = None
+    if have_fla and not a.no_fla and left() > 60:
+        t0 = time.time()
+        fwd_bwd(fla_fn, x, "qkvgbw")()
+        torch.cuda.synchronize()
+        P(f"fla chunk_gdn2 fwd+bwd first call (autotune) {time.time() - t0:.1f} s")
+        fb_ms = row("fla chunk_gdn2 fwd+bwd", shape, ms(fwd_bwd(fla_fn, x, "qkvgbw")), note="(anchor 11.25 ms)")
+        if qfb_ms:
+            row("qed_chunk fwd+bwd (full) vs fla measured", shape, qfb_ms, fb_ms)
 
     dev = torch.cuda.get_device_name()
     lines = [f"device: {dev}, torch {torch.__version__}, bf16 inputs, float32 g, qk L2-norm in kernel", "",
