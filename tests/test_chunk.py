@@ -10,6 +10,7 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
+from _gpu import gpu, long_check, low_precision
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -164,10 +165,7 @@ def test_probes_off_same_output():
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 5e-3), (torch.bfloat16, 2e-2)])
 def test_low_precision_vs_float64(dtype, bound):
-    x64 = make_inputs(B=1, T=100, seed=10)
-    x = {n: t.to(dtype) for n, t in x64.items()}
-    x["g"] = x64["g"].float()  # log-decay in float32, as models pass it
-    ref_in = {n: t.double() for n, t in x.items()}  # same rounded values, float64 arithmetic
+    x, ref_in = low_precision(make_inputs(B=1, T=100, seed=10), dtype)  # ref_in: same values, float64
     h0 = torch.randn(1, 2, 16, 32, device=DEV)
     kw = dict(arm="full", output_final_state=True, return_probes=True)
     o, s, p = qed_chunk(*args(x), initial_state=h0, **kw)
@@ -188,18 +186,11 @@ def test_rejects_bad_input():
 
 
 # ----------------------------------------------------------------------------------------- GPU
-gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA: the GPU checks run the compiled kernels")
-
-
-@gpu
-@pytest.mark.parametrize("dtype,bound", [(torch.float32, 5e-3), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("arm", ["full", "nogate_noproj"])
+@long_check([(torch.float32, 5e-3), (torch.bfloat16, 2e-2)])
 def test_gpu_long_vs_naive(dtype, bound, arm):
     B, T, H, K, V = 1, 4096, 2, 128, 128
     x64 = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=20, device="cuda")
-    x = {n: t.to(dtype) for n, t in x64.items()}
-    x["g"] = x64["g"].float()
-    ref_in = {n: t.double() for n, t in x.items()}
+    x, ref_in = low_precision(x64, dtype)
     h0 = torch.randn(B, H, K, V, device="cuda")
     kw = dict(arm=arm, output_final_state=True, return_probes=True)
     o, s, p = qed_chunk(*args(x), initial_state=h0, **kw)

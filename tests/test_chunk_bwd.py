@@ -11,7 +11,8 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
-from test_chunk import CUDA, DEV, args, make_inputs, maxdiff, relerr, unit_z
+from _gpu import gpu, long_check, low_precision
+from test_chunk import DEV, args, make_inputs, maxdiff, relerr, unit_z
 
 NAMES = ("q", "k", "v", "g", "b", "w", "lam")
 
@@ -109,18 +110,11 @@ def test_float32_vs_float64():
 
 
 # ----------------------------------------------------------------------------------------- GPU
-gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA: the GPU checks run the compiled kernels")
-
-
-@gpu
-@pytest.mark.parametrize("dtype,bound", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("arm", ["full", "nogate_noproj"])
+@long_check([(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
 def test_gpu_long_vs_naive(dtype, bound, arm):
     B, T, H, K, V = 1, 2048, 2, 128, 128
     x64 = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=50, device="cuda")
-    x = {n: t.to(dtype) for n, t in x64.items()}
-    x["g"] = x64["g"].float()
-    ref_in = {n: t.double() for n, t in x.items()}
+    x, ref_in = low_precision(x64, dtype)
     h0 = state(x64, B).float()
     got, _ = grads(qed_chunk, x, dict(arm=arm), h0=h0)
     ref, _ = grads(qed_naive, ref_in, dict(arm=arm), h0=h0.double())

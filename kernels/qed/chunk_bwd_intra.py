@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_intra import _put, _row, _tile, chunk_position
+from .chunk_common import _put, _row, _tile, channel_slice, chunk_position, shifted
 
 
 @triton.jit
@@ -139,22 +139,16 @@ def qed_intra_bwd_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    AKK += i_h * BT
-    DAQK += i_h * BT
+    AKK, DAQK = shifted((AKK, DAQK), i_h * BT)
     Tm = tl.load(AKK + rows[:, None] * (H * BT) + o_t[None, :],
                  mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(DT)
 
     # ---- over value blocks: d(wv) = Tm^T dU (an output), dA_kk -= d(wv) U^T, dA_qk = dO R^T
     dAkk = tl.zeros([BT, BT], dtype=DT)
     dAqk = tl.zeros([BT, BT], dtype=DT)
-    U += i_h * V
-    DO += i_h * V
-    DU += i_h * V
-    RS += i_h * V
-    DWV += i_h * V
+    U, DO, DU, RS, DWV = shifted((U, DO, DU, RS, DWV), i_h * V)
     for i_v in range(NV):
-        cols = i_v * BVS + tl.arange(0, BVS)
-        m_c = cols < V
+        cols, m_c = channel_slice(i_v, BVS, V)
         dwv = tl.dot(tl.trans(Tm), _tile(DU, rows, m_t, cols, m_c, H * V, DT), input_precision=PREC)
         _put(DWV, dwv, rows, m_t, cols, m_c, H * V)
         dAkk -= tl.dot(dwv, tl.trans(_tile(U, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
@@ -167,15 +161,13 @@ def qed_intra_bwd_kernel(
     off = i_h * K
     p_s = (i_g * H + i_h) * K * V
     for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
+        cols, m_c = channel_slice(i_k, BKS, K)
         dqg = tl.zeros([BT, BKS], dtype=DT)
         dkg = tl.zeros([BT, BKS], dtype=DT)
         dw = tl.zeros([BT, BKS], dtype=DT)
         dgam = tl.zeros([BKS], dtype=DT)
         for i_v in range(NV):
-            cv = i_v * BVS + tl.arange(0, BVS)
-            m_v = cv < V
+            cv, m_v = channel_slice(i_v, BVS, V)
             s0 = _tile(HS + p_s, cols, m_c, cv, m_v, V, DT)
             ds1 = _tile(DH + p_s, cols, m_c, cv, m_v, V, DT)
             dqg += tl.dot(_tile(DO, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
@@ -195,18 +187,10 @@ def qed_intra_bwd_kernel(
 
     # ---- per key-channel slice: score terms per row block (to DQ, DA, DK), then the
     # elementwise terms and the reverse cumsum of dG over the whole chunk
-    QH += off
-    KH += off
-    A += off
-    g += off
-    DQ += off
-    DA += off
-    DK += off
-    DG += off
+    QH, KH, A, g, DQ, DA, DK, DG = shifted((QH, KH, A, g, DQ, DA, DK, DG), off)
     r0 = bos + i_t * BT
     for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
+        cols, m_c = channel_slice(i_k, BKS, K)
         g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
         for I in tl.static_range(BT // BC):
             _block_terms(QH, KH, A, g, DAQK, AKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_scan import sequence_span
+from .chunk_common import chunk_rows, scan_program, scan_ranges, state_block
 
 
 @triton.jit
@@ -29,15 +29,11 @@ def _chunk_back(dS, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 DT: tl.constexpr, PREC: tl.constexpr):
     """One chunk backwards: writes R, dR and dS1; returns the chunk-start state gradient."""
-    rows = bos + i_t * BT + o_t
-    m_t = rows < eos
-    m_tk = m_t[:, None] & m_k[None, :]
-    m_tv = m_t[:, None] & m_v[None, :]
+    rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     p_tk = rows[:, None] * (H * K) + i_h * K + o_k[None, :]
     p_tv = rows[:, None] * (H * V) + i_h * V + o_v[None, :]
     i_g = (c0 + i_t) * H + i_h
-    p_h = i_g * K * V + o_k[:, None] * V + o_v[None, :]
-    m_h = m_k[:, None] & m_v[None, :]
+    p_h, m_h = state_block(i_g, o_k, o_v, m_k, m_v, K, V)
     b_w = tl.load(W + p_tk, mask=m_tk, other=0.).to(DT)
     b_qg = tl.load(QG + p_tk, mask=m_tk, other=0.).to(DT)
     b_kg = tl.load(KG + p_tk, mask=m_tk, other=0.).to(DT)
@@ -65,18 +61,10 @@ def qed_dstate_kernel(
     USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     WHILE_LOOP: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, eos, NT, c0 = sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT, IS_VARLEN)
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_t = tl.arange(0, BT)
-    m_k = o_k < K
-    m_v = o_v < V
+    i_v, i_nh, i_h, bos, eos, NT, c0 = scan_program(cu_seqlens, chunk_offsets, T, H, BT, IS_VARLEN)
+    o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
     causal = o_t[:, None] >= o_t[None, :]
-    p_h = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
-    m_h = m_k[:, None] & m_v[None, :]
+    p_h, m_h = state_block(i_nh, o_k, o_v, m_k, m_v, K, V)
 
     dS = tl.zeros([BK, BV], dtype=DT)
     if USE_DHT:

@@ -36,31 +36,14 @@ import os
 import triton
 import triton.language as tl
 
+from .chunk_common import _put, _tile, channel_slice, chunk_position, shifted
+
 # Arm codes shared with chunk.py.
 ARM_CODES = {"gdn2": 0, "nogate_noproj": 1, "nogate": 2, "full": 3, "rand": 4, "noproj": 5}
 ARM_GIVEN_D = 6
 SPAN_MAX = 30.0
 """Largest within-sub-block decay span (nats) for which a diagonal block uses the reference-point
 product; beyond it the block is built from exact per-element exponentials."""
-
-
-@triton.jit
-def _tile(ptr, rows, m_r, cols, m_c, stride, DT: tl.constexpr):
-    return tl.load(ptr + rows[:, None] * stride + cols[None, :],
-                   mask=m_r[:, None] & m_c[None, :], other=0.).to(DT)
-
-
-@triton.jit
-def _put(ptr, x, rows, m_r, cols, m_c, stride):
-    tl.store(ptr + rows[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty),
-             mask=m_r[:, None] & m_c[None, :])
-
-
-@triton.jit
-def _row(x, i, BC: tl.constexpr):
-    """Row ``i`` of a ``[BC, N]`` tile as an ``[N]`` vector."""
-    r = tl.arange(0, BC)
-    return tl.sum(tl.where(r[:, None] == i, x, 0.), 0)
 
 
 @triton.jit
@@ -73,8 +56,7 @@ def _stats(q, k, b, z, dg_in, rows, m_r, i_h, K, H: tl.constexpr, BC: tl.constex
     bkk = tl.zeros([BC], dtype=DT)
     kx = tl.zeros([BC], dtype=DT)
     for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
+        cols, m_c = channel_slice(i_k, BKS, K)
         b_q = _tile(q, rows, m_r, cols, m_c, H * K, DT)
         b_k = _tile(k, rows, m_r, cols, m_c, H * K, DT)
         b_b = _tile(b, rows, m_r, cols, m_c, H * K, DT)
@@ -144,29 +126,6 @@ def _recon(q, k, b, z, dg_in, rows, m_r, cols, m_c, i_h, rq, rk, c, lam_r, K, H:
     return b_q, b_k, b_a, b_d
 
 
-@triton.jit
-def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):
-    ``(i_h, i_t, i_g, bos, eos)`` = head, chunk within its sequence, global chunk index and the
-    sequence's token span in the flattened ``B * T`` rows."""
-    i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        i_g = i_c
-    else:
-        i_t = i_c
-        bos = i_b * T
-        eos = bos + T
-        i_g = i_b * tl.cdiv(T, BT) + i_t
-    return i_h, i_t, i_g, bos, eos
-
-
-
-
 def _timing(kernel_call, quantiles):
     """Autotuner timing; the interpreter (CPU tests) times nothing and so runs the first config."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -206,11 +165,7 @@ def qed_prep_kernel(
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
     lam_f = _row_lam(lam + i_h, rows, m_t, H, LAM_TOKEN, DT)
-    q += i_h * K
-    k += i_h * K
-    b += i_h * K
-    g += i_h * K
-    d_in += i_h * K
+    q, k, b, g, d_in = shifted((q, k, b, g, d_in), i_h * K)
 
     # ---- 1: row statistics over all of K, per-row scalars, probes rho and e
     qq, kk, kq, bkk, kx = _stats(q, k, b, z, d_in, rows, m_t, i_h, K, H, BT, BKS, NK, ARM, DT)
@@ -223,14 +178,9 @@ def qed_prep_kernel(
         tl.store(EIG + rows * H + i_h, e.to(EIG.dtype.element_ty), mask=m_t)
 
     # ---- 2: G (once per slice), kg, qg, (dg, d), chunk decay e^{G_last}
-    GC += i_h * K
-    KG += i_h * K
-    QG += i_h * K
-    DG += i_h * K
-    DPR += i_h * K
+    GC, KG, QG, DG, DPR = shifted((GC, KG, QG, DG, DPR), i_h * K)
     for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
+        cols, m_c = channel_slice(i_k, BKS, K)
         bq, bk, _, bd = _recon(q, k, b, z, d_in, rows, m_t, cols, m_c, i_h, rq, rk, c, lam_f, K, H, ARM, DT)
         g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
         G_f = tl.cumsum(g_f, 0)
@@ -295,8 +245,7 @@ def _scores(q, k, b, z, d_in, lam, GC, RQ, RK, CP, AQK, ADK, AKK, c0, eos, i_h, 
     acck = tl.zeros([BC, BT], dtype=DT)
     accd = tl.zeros([BC, BT], dtype=DT)
     for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
+        cols, m_c = channel_slice(i_k, BKS, K)
         m_s = cols < k_lim
         gs = tl.load(GC + r_s * (H * K) + cols, mask=m_s, other=0.).to(DT)
         G_f = _tile(GC, rows, jm, cols, m_c, H * K, DT)
@@ -377,18 +326,9 @@ def qed_solve_kernel(
     rows = c0 + o_t
     m_t = rows < eos
 
-    q += i_h * K
-    k += i_h * K
-    b += i_h * K
-    d_in += i_h * K
-    z += i_h * K
-    GC += i_h * K
-    RQ += i_h
-    RK += i_h
-    CP += i_h
-    AQK += i_h * BT
-    ADK += i_h * BT
-    AKK += i_h * BT
+    q, k, b, d_in, z, GC = shifted((q, k, b, d_in, z, GC), i_h * K)
+    RQ, RK, CP = shifted((RQ, RK, CP), i_h)
+    AQK, ADK, AKK = shifted((AQK, ADK, AKK), i_h * BT)
     lam += i_h
 
     # ---- 3: score rows, one block of 16 tokens at a time
@@ -441,16 +381,12 @@ def qed_solve_kernel(
     rq, rk, c, lam_f = _row_scalars(RQ, RK, CP, lam, rows, m_t, H, LAM_TOKEN, DT)
     W += i_h * K
     for i_k in range(NK):
-        cols = i_k * BKS + tl.arange(0, BKS)
-        m_c = cols < K
+        cols, m_c = channel_slice(i_k, BKS, K)
         _, _, ba, _ = _recon(q, k, b, z, d_in, rows, m_t, cols, m_c, 0, rq, rk, c, lam_f, K, H, ARM, DT)
         ex = tl.exp(_tile(GC, rows, m_t, cols, m_c, H * K, DT))
         _put(W, tl.dot(Ai, ba * ex, input_precision=PREC), rows, m_t, cols, m_c, H * K)
-    v += i_h * V
-    w += i_h * V
-    U += i_h * V
+    v, w, U = shifted((v, w, U), i_h * V)
     for i_v in range(NV):
-        cols = i_v * BVS + tl.arange(0, BVS)
-        m_c = cols < V
+        cols, m_c = channel_slice(i_v, BVS, V)
         wv = _tile(v, rows, m_t, cols, m_c, H * V, DT) * _tile(w, rows, m_t, cols, m_c, H * V, DT)
         _put(U, tl.dot(Ai, wv, input_precision=PREC), rows, m_t, cols, m_c, H * V)

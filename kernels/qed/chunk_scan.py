@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .chunk_common import chunk_rows, scan_program, scan_ranges, shifted
+
 
 @triton.jit
 def _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, strict,
@@ -26,10 +28,7 @@ def _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, stri
     if STORE_STATES:
         tl.store(HS + ((c0 + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                  S.to(HS.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
-    rows = bos + i_t * BT + o_t
-    m_t = rows < eos
-    m_tk = m_t[:, None] & m_k[None, :]
-    m_tv = m_t[:, None] & m_v[None, :]
+    rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     b_w = tl.load(W + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
     b_qg = tl.load(QG + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
     b_kg = tl.load(KG + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.)
@@ -51,23 +50,6 @@ def _chunk_step(S, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal, stri
     return S
 
 
-@triton.jit
-def sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Sequence ``i_n``: ``(bos, eos, NT, c0)`` = token span in the flattened ``B * T`` rows,
-    number of chunks and index of its first chunk."""
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
-        NT = tl.cdiv(eos - bos, BT)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        NT = tl.cdiv(T, BT)
-        c0 = i_n * NT
-    return bos, eos, NT, c0
-
-
 @triton.jit(do_not_specialize=['T'])
 def qed_scan_kernel(
     W, U, KG, QG, DG, AQK, ADK, GL, H0, O, SD, HT, HS,
@@ -78,15 +60,8 @@ def qed_scan_kernel(
     STORE_STATES: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
 ):
-    i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, eos, NT, c0 = sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT, IS_VARLEN)
-
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_t = tl.arange(0, BT)
-    m_k = o_k < K
-    m_v = o_v < V
+    i_v, i_nh, i_h, bos, eos, NT, c0 = scan_program(cu_seqlens, chunk_offsets, T, H, BT, IS_VARLEN)
+    o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
     causal = o_t[:, None] >= o_t[None, :]
     strict = o_t[:, None] > o_t[None, :]
 
@@ -95,15 +70,9 @@ def qed_scan_kernel(
         p_h = H0 + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         S += tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.).to(DT)
 
-    W += i_h * K
-    KG += i_h * K
-    QG += i_h * K
-    DG += i_h * K
-    U += i_h * V
-    O += i_h * V
-    SD += i_h * V
-    AQK += i_h * BT
-    ADK += i_h * BT
+    W, KG, QG, DG = shifted((W, KG, QG, DG), i_h * K)
+    U, O, SD = shifted((U, O, SD), i_h * V)
+    AQK, ADK = shifted((AQK, ADK), i_h * BT)
     if WHILE_LOOP:  # the interpreter (numpy >= 2.4) cannot take a tensor as range() bound
         i_t = 0
         while i_t < NT:

@@ -1,0 +1,133 @@
+"""Shared ``@triton.jit`` helpers of the ``qed_chunk`` kernels (forward and backward).
+
+Where a program's chunk or sequence lies (``chunk_position`` for the per-chunk kernels,
+``scan_program`` / ``sequence_span`` for the per-sequence scans), the index ranges, masks and
+offsets built from that (``channel_slice``, ``scan_ranges``, ``chunk_rows``, ``state_block``),
+pointers moved to one head (``shifted``), and masked loads and stores of 2-D tiles (``_tile``,
+``_put``, ``_row``). They compute only indices, masks and pointers (no arithmetic on the data)
+and Triton inlines them into the kernels that call them.
+
+Per-token tensors are laid out ``[B * T, H, N]`` (row stride ``H * N``); states ``[.., K, V]``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+# ----------------------------------------------------------------------------------- tiles
+@triton.jit
+def _tile(ptr, rows, m_r, cols, m_c, stride, DT: tl.constexpr):
+    """The ``[rows, cols]`` tile at ``ptr`` (row stride ``stride``), masked to 0, as ``DT``."""
+    return tl.load(ptr + rows[:, None] * stride + cols[None, :],
+                   mask=m_r[:, None] & m_c[None, :], other=0.).to(DT)
+
+
+@triton.jit
+def _put(ptr, x, rows, m_r, cols, m_c, stride):
+    """Store ``x`` as the ``[rows, cols]`` tile at ``ptr`` (row stride ``stride``), masked."""
+    tl.store(ptr + rows[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty),
+             mask=m_r[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _row(x, i, BC: tl.constexpr):
+    """Row ``i`` of a ``[BC, N]`` tile as an ``[N]`` vector."""
+    r = tl.arange(0, BC)
+    return tl.sum(tl.where(r[:, None] == i, x, 0.), 0)
+
+
+@triton.jit
+def channel_slice(i, BS: tl.constexpr, N):
+    """Slice ``i`` of ``BS`` channels of an ``N``-channel axis: ``(cols, mask)``."""
+    cols = i * BS + tl.arange(0, BS)
+    return cols, cols < N
+
+
+# ------------------------------------------------------------------- per-chunk kernels
+@triton.jit
+def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):
+    ``(i_h, i_t, i_g, bos, eos)`` = head, chunk within its sequence, global chunk index and the
+    sequence's token span in the flattened ``B * T`` rows."""
+    i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        i_g = i_c
+    else:
+        i_t = i_c
+        bos = i_b * T
+        eos = bos + T
+        i_g = i_b * tl.cdiv(T, BT) + i_t
+    return i_h, i_t, i_g, bos, eos
+
+
+# ------------------------------------------------------------------------ scan kernels
+@triton.jit
+def sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Sequence ``i_n``: ``(bos, eos, NT, c0)`` = token span in the flattened ``B * T`` rows,
+    number of chunks and index of its first chunk."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+        NT = tl.cdiv(eos - bos, BT)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        NT = tl.cdiv(T, BT)
+        c0 = i_n * NT
+    return bos, eos, NT, c0
+
+
+@triton.jit
+def scan_program(cu_seqlens, chunk_offsets, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program of a scan kernel, grid ``(value blocks, N * H)``:
+    ``(i_v, i_nh, i_h, bos, eos, NT, c0)`` = value block, (sequence, head) index, head, and the
+    sequence's span (:func:`sequence_span`)."""
+    i_v, i_nh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, eos, NT, c0 = sequence_span(cu_seqlens, chunk_offsets, i_n, T, BT, IS_VARLEN)
+    return i_v, i_nh, i_h, bos, eos, NT, c0
+
+
+@triton.jit
+def scan_ranges(i_v, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    """Index ranges of a scan program with value block ``i_v``: ``(o_t, o_k, o_v, m_k, m_v)`` =
+    the rows of a chunk, the key channels, the block's value channels and their masks."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    return o_t, o_k, o_v, o_k < K, o_v < V
+
+
+@triton.jit
+def state_block(i, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr):
+    """Offsets and mask of the ``[BK, BV]`` block (rows ``o_k``, columns ``o_v``) of state ``i``
+    in a ``[.., K, V]`` tensor."""
+    return i * K * V + o_k[:, None] * V + o_v[None, :], m_k[:, None] & m_v[None, :]
+
+
+@triton.jit
+def chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT: tl.constexpr):
+    """Chunk ``i_t`` of a scan program's sequence: ``(rows, m_t, m_tk, m_tv)`` = its rows in the
+    flattened ``B * T`` axis, their mask and the masks of its ``[BT, BK]`` / ``[BT, BV]`` tiles."""
+    rows = bos + i_t * BT + o_t
+    m_t = rows < eos
+    return rows, m_t, m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :]
+
+
+# ---------------------------------------------------------------------------- pointers
+@triton.jit
+def shifted(ptrs, off):
+    """The pointers of the tuple ``ptrs``, each moved by ``off`` elements (e.g. to one head's
+    channels: ``off = i_h * K`` in a ``[B * T, H, K]`` tensor)."""
+    out = ()
+    for i in tl.static_range(len(ptrs)):
+        out = out + (ptrs[i] + off,)
+    return out
