@@ -1,10 +1,11 @@
 """Markdown tables for docs/RESULTS.md from the shipped checkpoints and their measurements.
 
     python bench/results_tables.py docs/results/gpu-2026-11-30 [--checkpoints checkpoints]
+    python bench/results_tables.py docs/results/gpu-recall-2026-11-30 --prefix recall-
 
 Reads, for every ``<arm>-s<seed>`` folder of the results directory, ``loss.jsonl.gz`` (the
 training log), ``sweep/summary.csv`` and ``eig/eig.json`` (written by
-``bench/eval_checkpoints.sh``), and the checkpoint itself (its lambdas). Prints three tables:
+``bench/eval_checkpoints.sh``), and the checkpoint itself (its lambdas: ``<checkpoints>/<prefix><arm>-s<seed>``). Prints three tables:
 training (final loss, answer-token loss and accuracy, lambda), the learned lambda per layer
 (mean over heads, max |lambda|), and the erase eigenvalue ``e_t`` over every layer and head
 (range, tokens with ``e < 0`` or ``|e| > 1``, largest singular value of ``M_t``).
@@ -52,6 +53,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path)
     ap.add_argument("--checkpoints", type=Path, default=Path("checkpoints"))
+    ap.add_argument("--prefix", default="", help="checkpoint folder = prefix + results folder name")
     a = ap.parse_args()
     folders = sorted(p for p in a.results.glob("*-s[0-9]") if (p / "loss.jsonl.gz").is_file())
     if not folders:
@@ -60,7 +62,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for f in folders:
         print(training_row(f))
-    models = {f.name: QEDModel.from_pretrained(a.checkpoints / f.name) for f in folders}
+    models = {f.name: QEDModel.from_pretrained(a.checkpoints / f"{a.prefix}{f.name}") for f in folders}
     layers = len(next(iter(models.values())).blocks)
     print("\n| run | " + " | ".join(f"layer {i} mean lambda" for i in range(layers)) + " | max abs lambda |")
     print("|---|" + "---|" * (layers + 1))
