@@ -61,6 +61,8 @@ def register(subparsers) -> None:
                    help="haystack of mk-niah (default prose; the other tasks have a fixed one)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--eager-decode", action="store_true",
+                   help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_sweep_cmd)
 
@@ -189,7 +191,7 @@ def run_sweep_cmd(args) -> int:
                                 layers=layers, heads=heads, phase=args.phase,
                                 ref_strength=args.ref_strength,
                                 allow_extrapolation=args.allow_extrapolation, model_id=model_id,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, cuda_graph=not args.eager_decode)
         finally:
             store.close()
     except SweepError as exc:

@@ -332,7 +332,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
               out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
               ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
               max_new_tokens=None, haystack=None, model_id=None, progress=True, stop_after=None,
-              decode="budget", cuda_graph=False):
+              decode="budget", cuda_graph=True):
     """Run (or resume) a strength sweep into ``out``; returns the summary rows.
 
     ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
@@ -346,8 +346,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     needs (``NIAHTask.answer_tokens``: 11 instead of 16 for 7-digit numbers in bytes), so a
     prediction is a prefix of the ``"budget"`` one; recorded in ``config.json`` as ``decode``.
     Each batch of prompts is packed once and run at every strength.
-    ``cuda_graph``: replay the decode step from a CUDA graph (``QEDModel.generate``); off by
-    default until its GPU test (``tests/test_decode_fast.py``) has passed on a GPU.
+    ``cuda_graph``: replay the decode step from a CUDA graph where that is exact (CUDA, no hooks;
+    ``QEDModel.generate``); False forces eager steps. Rows are the same either way.
     The returned summary also has the timing in ``run_sweep.last_timing``.
     """
     import torch

@@ -63,7 +63,7 @@ def _until_eos(tokens: torch.Tensor, eos_token_id: int | None) -> list[list[int]
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-             generator: torch.Generator | None = None, cuda_graph: bool = False) -> list[list[int]]:
+             generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     ``prompts``: a LongTensor ``[B, T]``, a list of non-empty token-id lists, or a
@@ -71,9 +71,10 @@ def generate(model, prompts, max_new_tokens: int, *, eos_token_id: int | None = 
     Returns only the new tokens of each prompt; a prompt stops after ``eos_token_id``
     (included). Strength blocks with ``phase="prefill"`` act on the prompt pass,
     ``phase="decode"`` on the token steps; hooks fire in both (packed ``[1, sum T, ...]``
-    shapes in the prefill, ``[N, 1, ...]`` in decode steps). ``cuda_graph=True`` replays the
-    decode step from a CUDA graph where that is exact (CUDA, no hooks; see :mod:`.decode_step`);
-    off by default until ``tests/test_decode_fast.py`` has passed on a GPU.
+    shapes in the prefill, ``[N, 1, ...]`` in decode steps). ``cuda_graph`` (default on) replays
+    the decode step from a CUDA graph where that is exact (CUDA, no hooks attached; see
+    :mod:`.decode_step`): the same tokens bit for bit as the eager step (``tests/test_decode_fast.py``,
+    passed on an H200); ``cuda_graph=False`` forces the eager step.
     """
     vocab = model.cfg.vocab_size
     packed = pack_prompts(prompts, vocab, model.device)

@@ -134,7 +134,7 @@ class QEDModel(HookedRootModule):
 
     def generate(self, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, cuda_graph: bool = False) -> list[list[int]]:
+                 generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
         """New tokens per prompt; see :func:`qedprobe.model.generate.generate`."""
         return generation.generate(self, prompts, max_new_tokens, eos_token_id=eos_token_id,
                                    do_sample=do_sample, temperature=temperature, top_k=top_k,
