@@ -28,7 +28,9 @@ from .naive import prepare_qed
 
 DSTATE_CONFIG = {"BV": 32, "num_warps": 8}
 """Reverse-scan launch: ptxas (sm_90, float32 state, tf32x3, K=V=128) spills 2.4 KB per thread
-at these settings vs 6.0 KB at BV=64 / 4 warps (``bench/chunk_aot.py bwd``); not yet timed."""
+at these settings vs 6.0 KB at BV=64 / 4 warps (``bench/chunk_aot.py bwd``). The whole forward +
+backward takes 57.6 ms at the benchmark shape on an H200 (docs/BENCHMARKS.md); the kernels
+have not been profiled one by one."""
 INTRA_BWD_CONFIG = {"BKS": 32, "BVS": 32, "num_warps": 8}
 
 
