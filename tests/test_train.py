@@ -277,3 +277,16 @@ def test_committed_checkpoints_load(folder):
     with torch.no_grad():
         logits = model.float()(torch.tensor([[256] + list(b"The grass is green.")]))
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("folder", ["recall-gdn2-s0", "recall-full-s1"])
+def test_gpu_recall_checkpoints_retrieve_on_cpu(folder, tmp_path):
+    """The shipped GPU recall models retrieve here too: S-NIAH-1 at 1K (their training length),
+    three prompts, float32 on CPU through the PyTorch chunk path (100 % of 100 on the H200)."""
+    from qedprobe.eval import run_sweep
+    model = QEDModel.from_pretrained(ROOT / "checkpoints" / folder).float()
+    summary = run_sweep(model, "bytes", task="s-niah-1", lengths=[1024], strengths=[1.0], samples=3,
+                        seed=0, out=tmp_path / "sweep", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
+    assert len(rows) == 3 and all(r["correct"] for r in rows), [r["prediction"] for r in rows]
+    assert len(summary) == 1
