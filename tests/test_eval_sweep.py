@@ -204,3 +204,18 @@ def test_summary_table_prints_every_cell_with_paired_columns():
     assert len(lines) == 5
     assert lines[3] == "| 512 | 2 | 20 | 0.750 | 0.530-0.890 | 6 | 1 | 0.125 |"
     assert lines[4].endswith("| None | None | - |")
+
+
+def test_plots_leave_the_matplotlib_backend_alone(tmp_path):
+    """Writing the sweep figures must not switch a notebook's backend (inline figures would vanish)."""
+    import matplotlib
+    from qedprobe.eval.sweep import plot_summary
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        row = {"length": 512, "s": 1.0, "n": 4, "correct": 2, "accuracy": 0.5, "ci_low": 0.15, "ci_high": 0.85}
+        paths = plot_summary([row, {**row, "s": 0.0}], tmp_path)
+        assert matplotlib.get_backend() == "svg"
+        assert all(p.stat().st_size > 1000 for p in paths)
+    finally:
+        matplotlib.use(before)

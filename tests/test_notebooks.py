@@ -26,6 +26,8 @@ def test_notebook_executes(path):
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     client.execute()  # raises CellExecutionError, naming the cell, on any failure
-    images = sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
-                 for out in cell.outputs)
-    assert images >= 1, f"{path.name} shows no figure"
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    shows_image = [any("image/png" in out.get("data", {}) for out in cell.outputs) for cell in code]
+    assert any(shows_image), f"{path.name} shows no figure"
+    lost = [i for i, (cell, shown) in enumerate(zip(code, shows_image)) if "plt.show()" in cell.source and not shown]
+    assert not lost, f"{path.name}: code cells {lost} call plt.show() but display no figure"

@@ -243,8 +243,7 @@ class EigAccumulator:
         return paths
 
     def plot(self, out) -> list[Path]:
-        from .plots import pyplot
-        plt = pyplot()
+        from .plots import figure
         out = Path(out)
         paths = []
         L = len(self.layers)
@@ -256,7 +255,8 @@ class EigAccumulator:
                                     ("rho", "rho_t = q_t . k_t", "eig_rho_hist.png")):
             lo, hi, n = BINS[name]
             centers = 0.5 * (self.edges[name][1:] + self.edges[name][:-1]).numpy()
-            fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+            fig = figure(figsize=(3.2 * cols, 2.4 * rows))
+            axes = fig.subplots(rows, cols, squeeze=False)
             for j, l in enumerate(self.layers):
                 ax = axes[j // cols][j % cols]
                 for h in range(self.H):
@@ -275,11 +275,10 @@ class EigAccumulator:
             fig.supylabel("tokens (log)", fontsize=9)
             fig.tight_layout()
             fig.savefig(out / fname, dpi=110)
-            plt.close(fig)
             paths.append(out / fname)
         # heat maps: min e, max e, fraction sigma > 1
-        fig, axes = plt.subplots(1, 3, figsize=(11, 0.4 * L + 2.0))
-        n = self.counts["n"][self.layers].double().clamp_min(1).numpy()
+        fig = figure(figsize=(11, 0.4 * L + 2.0))
+        axes = fig.subplots(1, 3)
         for ax, (title, data) in zip(axes, (("min e_t", self.min["e"][self.layers].numpy()),
                                              ("max e_t", self.max["e"][self.layers].numpy()),
                                              ("max sigma_max(M_t)", self.max["sigma"][self.layers].numpy()))):
@@ -290,10 +289,8 @@ class EigAccumulator:
             ax.set_yticks(range(L))
             ax.set_yticklabels(self.layers, fontsize=6)
             fig.colorbar(im, ax=ax)
-        _ = n
         fig.tight_layout()
         fig.savefig(out / "eig_heatmaps.png", dpi=110)
-        plt.close(fig)
         paths.append(out / "eig_heatmaps.png")
         return paths
 

@@ -1,15 +1,17 @@
-"""Shared pieces of the accuracy figures of ``sweep`` and ``report`` (matplotlib, Agg backend)."""
+"""Shared pieces of the figures of ``sweep``, ``report`` and ``eig`` (matplotlib).
+
+Figures are plain ``matplotlib.figure.Figure`` objects saved to files: pyplot is never imported
+and the global backend is left alone, so a notebook's inline figures keep working after a sweep."""
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def pyplot():
-    """``matplotlib.pyplot`` on the non-interactive Agg backend (no display needed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def figure(**kwargs):
+    """A ``matplotlib.figure.Figure`` outside pyplot's figure manager (no display, no backend
+    switch); ``kwargs`` go to ``Figure`` (``figsize``, ...)."""
+    from matplotlib.figure import Figure
+    return Figure(**kwargs)
 
 
 def format_length(L: int) -> str:
@@ -27,8 +29,7 @@ def accuracy_errorbar(ax, points, **kwargs) -> None:
 
 
 def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, lengths=None) -> Path:
-    """Label an accuracy axis (a log2 length axis when ``lengths`` are given), save and close."""
-    plt = pyplot()
+    """Label an accuracy axis (a log2 length axis when ``lengths`` are given) and save."""
     if lengths is not None and len(lengths) > 1:
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths)
@@ -42,5 +43,4 @@ def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, length
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return Path(path)

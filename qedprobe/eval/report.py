@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 
 from .stats import mcnemar_exact
-from .plots import accuracy_errorbar, format_length, pyplot, save_accuracy_figure
+from .plots import accuracy_errorbar, figure, format_length, save_accuracy_figure
 from .sweep import SweepError, _skey, load_results, summarize
 
 __all__ = ["load_sweep", "build_report", "paired_between"]
@@ -181,8 +181,8 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
 
 
 def _plot(sweeps, lengths, path, title):
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
     for sw in sweeps:
         pts = [(L, sw["summary"][L]) for L in lengths if L in sw["summary"]]
         if pts:

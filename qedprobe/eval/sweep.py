@@ -33,7 +33,7 @@ from pathlib import Path
 
 from qedprobe.lam import check_strengths
 
-from .plots import accuracy_errorbar, pyplot, save_accuracy_figure
+from .plots import accuracy_errorbar, figure, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
 from .tasks import ANSWER_MARGIN, NIAHTask, score
 
@@ -278,7 +278,7 @@ def write_summary(summary: list[dict], out) -> list[Path]:
 
 def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
     """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length)."""
-    plt = pyplot()
+    from matplotlib import colormaps
     out = Path(out)
     lengths = sorted({r["length"] for r in summary})
     strengths = sorted({r["s"] for r in summary})
@@ -287,8 +287,9 @@ def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
     for xs, series, xlabel, fname, legend in (
             (lengths, strengths, "context length (tokens)", "acc_vs_length.png", "s = {:g}"),
             (strengths, lengths, "strength s (lambda x s)", "acc_vs_strength.png", "L = {}")):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        cmap = plt.get_cmap("viridis")
+        fig = figure(figsize=(6.4, 4.2))
+        ax = fig.subplots()
+        cmap = colormaps["viridis"]
         for j, ser in enumerate(series):
             pts = [(x, cell.get((x, ser) if fname == "acc_vs_length.png" else (ser, x))) for x in xs]
             pts = [(x, r) for x, r in pts if r is not None and r["n"]]
