@@ -29,7 +29,8 @@ if [[ -n "${ONLY:-}" ]]; then read -r -a NAMES <<< "$ONLY"; else
 mkdir -p "$EVAL"
 
 evaluate() {  # evaluate NAME GPU
-    local name=$1 arm=${1%-s*} s=1
+    local name=$1 s=1 arm
+    arm=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["arm"])' "$CKPT/$name/config.json")
     [[ $arm == full ]] && s=$STRENGTHS
     $PY -m qedprobe.cli sweep --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 --lengths "$LENGTHS" \
         --strengths="$s" --samples "$SAMPLES" --seed 0 --out "$EVAL/$name/sweep" --no-progress || return 1
