@@ -6,8 +6,9 @@
 #   run(command="bash bench/h200_gpu_checks.sh", carry=[".whl_tl"])
 # Environment: PARTS (default "bench tests"; one of them alone lets two calls, or two GPUs, split
 # the work), BENCH_FLAGS (default "--dplr"), BENCH_SECONDS (default 330), TEST_SECONDS (default
-# 200), TEST_FILES (default: the four kernel and decode test files), FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (it did not finish within
-# 2-4 minutes in two calls on 2026-11-30: fla autotunes its backward on the first call).
+# 200), TEST_FILES (default: the four kernel and decode test files, absolute paths), FLA_BWD=1 to
+# include test_gpu_vs_fla_gdn2_backward (it did not finish within 2-4 minutes in two calls on
+# 2026-11-30: fla autotunes its backward on the first call).
 # The first GPU test of each kernel variant compiles it (tens of seconds each), so the tests
 # need minutes; they run after the benchmark so that a short call still yields the timings.
 # Logs go to $OUT (kernels.log and bench/kernels.py's table and JSON, gpu_tests.log).
