@@ -13,7 +13,7 @@ step's GPU time compared with its wall time. One JSON line with the phase times 
     python3 bench/profile_sweep.py --length 32768 --steps 4
     python3 bench/profile_sweep.py --tiny --device cpu --length 512 --batch-tokens 2048 --steps 2  # smoke
 
-On the device, from the repository root with the carried wheels (see bench/h200_model_checks.sh):
+On the device, from the repository root with the carried wheels (see scripts/h200_model_checks.sh):
 ``PYTHONPATH=/tmp/site python3 bench/profile_sweep.py --trace $OUT/prefill_trace.json``.
 """
 from __future__ import annotations

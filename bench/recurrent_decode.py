@@ -3,7 +3,7 @@
     python bench/recurrent_decode.py            # needs CUDA; fla optional; writes $OUT/recurrent_decode.json
 
 ``bench_decode(B, H, K, V, dtype)`` returns microseconds per step: the median of
-``triton.testing.do_bench`` (as in /work/shared/anchors.md; it includes any host-side gap between
+``triton.testing.do_bench`` (it includes any host-side gap between
 launches), the GPU-only time from CUDA-graph replays, and the host time per call; plus the
 relative error of ``o`` against ``qed_naive`` in float64 on the same inputs.
 """

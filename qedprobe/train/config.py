@@ -27,7 +27,7 @@ PRESETS = {
                   seq_len=512, batch_size=8, steps=200, lr=3e-3, warmup_steps=20, decay_steps=60,
                   mixture="short", save_every=100, device="cpu"),
     # The GPU shape for the six arms x two seeds: 3.75M parameters, 7.5 MB as bf16; 32 rows x
-    # 1024 tokens per step (bench/train_checkpoints.sh passes the step count a run can afford).
+    # 1024 tokens per step (scripts/train_checkpoints.sh passes the step count a run can afford).
     "small": dict(model=dict(hidden_size=256, num_hidden_layers=4, num_heads=2, head_dim=128, hidden_ratio=2),
                   seq_len=1024, batch_size=32, steps=1500, lr=1.5e-3, warmup_steps=100,
                   decay_steps=300, mixture="niah", save_every=250, device="cuda"),

@@ -3,7 +3,7 @@
 # 2 heads of dim 128, MLP ratio 2: 3.75M parameters, 7.5 MB as bf16; 32 rows x 1024 tokens per
 # step; AdamW, WSD schedule, theta at 10x; see qedprobe/train/config.py).
 #
-#   bench/train_checkpoints.sh [BUDGET_SECONDS]
+#   scripts/train_checkpoints.sh [BUDGET_SECONDS]
 #
 # Run folders go to $RUNS/<arm>-s<seed>/ (fp32 checkpoints, loss.jsonl, train.log), the frozen
 # bf16 models + MODEL_CARD.md to $CKPT/<arm>-s<seed>/. The runs are dealt round-robin over the
@@ -19,7 +19,7 @@
 # (default: all six), EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 800 --decay 160").
 # A timing probe before the real thing:
 #   EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40" RUNS=/tmp/probe CKPT=/tmp/probe-ckpt \
-#     SEEDS=0 GPU_IDS=0 bench/train_checkpoints.sh
+#     SEEDS=0 GPU_IDS=0 scripts/train_checkpoints.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3 -P}

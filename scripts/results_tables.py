@@ -1,11 +1,11 @@
 """Markdown tables for docs/RESULTS.md from the shipped checkpoints and their measurements.
 
-    python bench/results_tables.py docs/results/gpu-2026-11-30 [--checkpoints checkpoints]
-    python bench/results_tables.py docs/results/gpu-recall-2026-11-30 --prefix recall-
+    python scripts/results_tables.py docs/results/gpu-2026-11-30 [--checkpoints checkpoints]
+    python scripts/results_tables.py docs/results/gpu-recall-2026-11-30 --prefix recall-
 
 Reads, for every ``<arm>-s<seed>`` folder of the results directory, ``loss.jsonl.gz`` (the
 training log), ``sweep/summary.csv`` and ``eig/eig.json`` (written by
-``bench/eval_checkpoints.sh``), and the checkpoint itself (its lambdas: ``<checkpoints>/<prefix><arm>-s<seed>``). Prints three tables:
+``scripts/eval_checkpoints.sh``), and the checkpoint itself (its lambdas: ``<checkpoints>/<prefix><arm>-s<seed>``). Prints three tables:
 training (final loss, answer-token loss and accuracy, lambda), the learned lambda per layer
 (mean over heads, max |lambda|), and the erase eigenvalue ``e_t`` over every layer and head
 (range, tokens with ``e < 0`` or ``|e| > 1``, largest singular value of ``M_t``).

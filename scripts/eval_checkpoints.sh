@@ -6,7 +6,7 @@
 # All sweeps use --seed 0, so sample i at length L is the same prompt for every checkpoint and
 # strength: `qedprobe report` then pairs arms on shared samples.
 #
-#   CKPT=checkpoints EVAL=runs/eval bench/eval_checkpoints.sh
+#   CKPT=checkpoints EVAL=runs/eval scripts/eval_checkpoints.sh
 #
 # Environment: PY (default python3 -P), CKPT (folder of <arm>-s<seed>/ checkpoints), EVAL (output
 # folder: EVAL/<name>/sweep and EVAL/<name>/eig), GPU_IDS (default: all visible), PER_GPU (processes

@@ -4,7 +4,7 @@ Run on a CUDA machine from the repository root (qedprobe installed, e.g. ``pip i
 --no-deps``)::
 
     pip install --no-deps fla_core-0.6.0-py3-none-any.whl flash_linear_attention-0.6.0-py3-none-any.whl einops
-    python bench/fla_layer_check.py --out fla_layer_check.json
+    python scripts/fla_layer_check.py --out fla_layer_check.json
 
 ``transformers``, ``transformer-lens`` and ``safetensors`` are not needed: when missing,
 ``fla.layers`` is imported without its package ``__init__`` (which pulls in transformers) and

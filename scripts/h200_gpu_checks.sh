@@ -2,8 +2,8 @@
 # One device call: the kernel benchmark (bench/kernels.py: main shape, every arm, T = 1K..32K,
 # forward + backward, decode; --dplr adds fla's chunk_dplr_delta_rule side by side), then the GPU
 # tests of the kernels and of the CUDA-graph decode (against qed_naive and fla 0.6.0).
-# Expects the wheel set in .whl_tl/ (see bench/h200_model_checks.sh for how to build it):
-#   run(command="bash bench/h200_gpu_checks.sh", carry=[".whl_tl"])
+# Expects the wheel set in .whl_tl/ (see scripts/h200_model_checks.sh for how to build it):
+#   run(command="bash scripts/h200_gpu_checks.sh", carry=[".whl_tl"])
 # Environment: PARTS (default "bench tests"; one of them alone lets two calls, or two GPUs, split
 # the work), BENCH_FLAGS (default "--dplr"), BENCH_SECONDS (default 330), TEST_SECONDS (default
 # 200), TEST_FILES (default: the four kernel and decode test files, absolute paths), FLA_BWD=1 to

@@ -6,12 +6,12 @@
 #     transformer-lens==4.3.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 beartype==0.23.1 \
 #     typeguard==4.6.1 fancy-einsum==0.0.3 flash-linear-attention==0.6.0 fla-core==0.6.0
 #   pip wheel --no-deps -w .whl_tl .      # qedprobe itself (rebuild after every change)
-# and the call: run(command="bash bench/h200_model_checks.sh", carry=[".whl_tl"]).
+# and the call: run(command="bash scripts/h200_model_checks.sh", carry=[".whl_tl"]).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_tl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-timeout 150 python3 bench/fla_layer_check.py --out "$OUT/fla_layer_check.json" 2>&1 | tee "$OUT/fla_layer_check.log"
+timeout 150 python3 scripts/fla_layer_check.py --out "$OUT/fla_layer_check.json" 2>&1 | tee "$OUT/fla_layer_check.log"
 timeout "${SWEEP_SECONDS:-300}" python3 bench/sweep.py --samples "${SWEEP_SAMPLES:-25}" --no-progress \
     --out /tmp/sweep 2>&1 | tee "$OUT/sweep_bench.log"
