@@ -102,14 +102,14 @@ def main(argv=None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="qedprobe_bench_")
         out = os.path.join(tmp.name, "sweep")
     t0 = time.perf_counter()
-    run_sweep(model, "bytes", task=args.task, lengths=lengths, strengths=strengths,
-              samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
-              batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
-              model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
-              progress=not args.no_progress, decode=args.decode,
-              cuda_graph=not args.eager)
+    result = run_sweep(model, "bytes", task=args.task, lengths=lengths, strengths=strengths,
+                       samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
+                       batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
+                       model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
+                       progress=not args.no_progress, decode=args.decode,
+                       cuda_graph=not args.eager)
     wall = time.perf_counter() - t0
-    t = dict(run_sweep.last_timing)
+    t = result.timing
     rows = len(lengths) * len(strengths) * args.samples
     full_grid = not args.tiny and rows == FULL_GRID_ROWS and lengths == parse_int_list("1K,2K,4K,8K,16K,32K")
     res = {

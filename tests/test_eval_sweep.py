@@ -72,7 +72,19 @@ def test_resume_after_interrupted_run_and_torn_line(tmp_path):
     out = tmp_path / "run"
     kw = dict(task="s-niah-1", lengths=[L], strengths=[0.0, 1.0], samples=2, batch_size=1,
               out=out, progress=False)
-    run_sweep(model, "bytes", stop_after=1, **kw)          # interrupted after one generate call
+    generate = model.generate
+    calls = []
+
+    def interrupted(*a, **k):                              # interrupted after one generate call
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return generate(*a, **k)
+
+    model.generate = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(model, "bytes", **kw)
+    del model.generate
     first = load_results(out)
     assert len(first) == 1
     with open(out / "results.jsonl", "a") as fh:           # a kill in the middle of a write

@@ -286,7 +286,7 @@ def test_gpu_recall_checkpoints_retrieve_on_cpu(folder, tmp_path):
     from qedprobe.eval import run_sweep
     model = QEDModel.from_pretrained(ROOT / "checkpoints" / folder).float()
     summary = run_sweep(model, "bytes", task="s-niah-1", lengths=[1024], strengths=[1.0], samples=3,
-                        seed=0, out=tmp_path / "sweep", progress=False)
+                        seed=0, out=tmp_path / "sweep", progress=False).summary
     rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
     assert len(rows) == 3 and all(r["correct"] for r in rows), [r["prediction"] for r in rows]
     assert len(summary) == 1

@@ -143,9 +143,10 @@ def _load_model(path, dev, dtype):
 
 
 def run_sweep_cmd(args) -> int:
+    from qedprobe import dist
     from qedprobe.tokenizer import TokenizerError
 
-    from .sweep import ResultsStore, _check_arm, _model_fingerprint, _validate, run_sweep
+    from .sweep import check_model, open_store, run_sweep, sweep_config, validate_grid
     from .tasks import NIAHTask
     try:
         lengths = parse_int_list(args.lengths, "--lengths")
@@ -159,48 +160,37 @@ def run_sweep_cmd(args) -> int:
                           haystack=args.haystack)
         except (TokenizerError, OSError, ValueError) as exc:
             raise SweepError(str(exc)) from None
-        _validate(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation, None)
+        validate_grid(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation)
         cfg = _model_config(args.model)
-        _check_arm(cfg, strengths)
-        if nt.tokenizer.vocab_size > cfg.vocab_size:
-            raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
-                             f"model's vocabulary has {cfg.vocab_size}: wrong --tokenizer?")
-        for name, sel, size in (("--layers", layers, cfg.num_hidden_layers), ("--heads", heads, cfg.num_heads)):
-            if sel is not None and any(not 0 <= i < size for i in sel):
-                raise SweepError(f"{name} {sel} outside 0..{size - 1}")
+        check_model(nt, cfg, strengths, layers, heads)
         dev, dtype = _device_dtype(args)
-
-        class _Cfg:  # fingerprint from config.json, identical to the loaded model's
-            pass
-        fake = _Cfg()
-        fake.cfg = cfg
+        dist.init_from_env(dev)
+        dev = dist.rank_device(dev)
         model_id = str(Path(args.model).resolve())
-        config = {
-            "samples_spec": {**nt.describe(), "samples": int(args.samples), "seed": int(args.seed)},
-            "intervention": {"layers": layers, "heads": heads, "phase": args.phase},
-            "model": {"id": model_id, "config": _model_fingerprint(fake),
-                      "dtype": str(dtype).replace("torch.", "")},
-            "lengths": lengths, "strengths": strengths, "ref_strength": args.ref_strength,
-        }
-        store = ResultsStore(args.out, config)
+        config = sweep_config(nt, samples=args.samples, seed=args.seed, lengths=lengths, strengths=strengths,
+                              layers=layers, heads=heads, phase=args.phase, ref_strength=args.ref_strength,
+                              model_id=model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""))
+        store = open_store(args.out, config)
         try:
             model = _load_model(args.model, dev, dtype)
-            summary = run_sweep(model, nt.tokenizer, task=nt, lengths=lengths, strengths=strengths,
-                                samples=args.samples, seed=args.seed, out=store,
-                                batch_size=args.batch_size, batch_tokens=args.batch_tokens,
-                                layers=layers, heads=heads, phase=args.phase,
-                                ref_strength=args.ref_strength,
-                                allow_extrapolation=args.allow_extrapolation, model_id=model_id,
-                                progress=not args.no_progress, cuda_graph=not args.eager_decode)
+            result = run_sweep(model, nt.tokenizer, task=nt, lengths=lengths, strengths=strengths,
+                               samples=args.samples, seed=args.seed, out=store,
+                               batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                               layers=layers, heads=heads, phase=args.phase,
+                               ref_strength=args.ref_strength,
+                               allow_extrapolation=args.allow_extrapolation, model_id=model_id,
+                               progress=not args.no_progress, cuda_graph=not args.eager_decode)
         finally:
             store.close()
     except SweepError as exc:
         return _fail("sweep", exc)
-    timing = run_sweep.last_timing
-    print(summary_table(summary))
-    print(f"wrote {Path(args.out) / 'summary.csv'} ({len(summary)} cells); "
-          f"model time {timing.get('model_s', 0):.1f} s, "
-          f"{timing.get('prefill_tokens_per_s', 0):,.0f} prompt tokens/s")
+    if dist.is_main():
+        timing = result.timing
+        ranks = f" (rank 0 of {dist.world_size()})" if dist.world_size() > 1 else ""
+        print(summary_table(result.summary))
+        print(f"wrote {Path(args.out) / 'summary.csv'} ({len(result.summary)} cells); "
+              f"model time {timing['model_s']:.1f} s{ranks}, "
+              f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s")
     return 0
 
 
@@ -253,8 +243,8 @@ def run_eig_cmd(args) -> int:
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
         cfg = _model_config(args.model)
-        from .sweep import _check_strengths
-        _check_strengths([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
+        from .sweep import check_strengths_for
+        check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         if tok.vocab_size > cfg.vocab_size:
             raise SweepError(f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has "
                              f"{cfg.vocab_size}: wrong --tokenizer?")

@@ -3,8 +3,14 @@
 Python API (the CLI ``qedprobe sweep`` calls the same function)::
 
     from qedprobe.eval.sweep import run_sweep
-    rows = run_sweep(model, "bytes", task="s-niah-1", lengths=[1024, 2048],
-                     strengths=[-1, 0, 0.5, 1, 1.5, 2], samples=500, seed=0, out="runs/a")
+    result = run_sweep(model, "bytes", task="s-niah-1", lengths=[1024, 2048],
+                       strengths=[-1, 0, 0.5, 1, 1.5, 2], samples=500, seed=0, out="runs/a")
+    result.summary, result.timing
+
+The steps, each its own function: :func:`sweep_config` (what defines the folder),
+:func:`open_store` (the folder, this rank's shard), :func:`plan_batches` (the missing rows in
+packed batches), :func:`run_batch` (one generate call per strength), :func:`rows_from_outputs`
+(score the predictions), :func:`summarise` (summary and plots from every shard).
 
 Files in ``out``:
 
@@ -16,28 +22,39 @@ Files in ``out``:
 * ``results.jsonl``: one row per ``(length, s, sample_id)``, appended and fsync'ed batch by batch.
   A rerun skips the rows already there; a torn last line (a kill during a write) is cut off
   and its row recomputed, so no row is lost or duplicated.
-* ``summary.csv`` / ``summary.json``: accuracy and Wilson 95% interval per length x s, and the
+* ``results.rank{r}.jsonl``: the same for rank ``r > 0`` of a sweep run with torchrun (rank 0
+  writes ``results.jsonl``). Readers take the union of all shards, so a folder resumes with any
+  number of ranks; a killed rank loses only the rows it had not appended.
+* ``summary.csv`` / ``summary.json`` (rewritten at the end of every completed run, from all
+  shards, by rank 0): accuracy and Wilson 95% interval per length x s, and the
   exact McNemar test of each s against the reference strength (default 1) on the samples both
   have: ``b`` = right at s and wrong at the reference, ``c`` = the reverse, two-sided ``p``.
 * ``acc_vs_length.png``, ``acc_vs_strength.png``.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+from qedprobe import dist
 from qedprobe.lam import check_strengths
 
 from .plots import accuracy_errorbar, figure, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
 from .tasks import ANSWER_MARGIN, NIAHTask, score
 
-__all__ = ["run_sweep", "ResultsStore", "load_results", "summarize", "write_summary", "plot_summary",
+__all__ = ["run_sweep", "SweepResult", "sweep_config", "open_store", "plan_batches", "SweepBatch", "run_batch",
+           "rows_from_outputs", "summarise", "ResultsStore", "load_results", "shard_path", "shard_paths",
+           "summarize", "write_summary", "plot_summary", "validate_grid", "check_model", "model_fingerprint",
            "SweepError", "SUMMARY_FIELDS", "parse_int_list", "parse_float_list"]
 
 SUMMARY_FIELDS = ["task", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high", "ref_s",
@@ -87,102 +104,141 @@ def parse_float_list(text, name="list") -> list[float]:
 
 
 # --------------------------------------------------------------------------------------- IO
-class ResultsStore:
-    """``OUTDIR`` with ``config.json`` and an append-only ``results.jsonl``.
+def shard_path(folder, rank: int = 0) -> Path:
+    """The results file rank ``rank`` appends to: ``results.jsonl`` for rank 0 (the only one of
+    a single-process sweep), ``results.rank{rank}.jsonl`` for the others."""
+    return Path(folder) / ("results.jsonl" if rank == 0 else f"results.rank{rank}.jsonl")
 
-    Opening takes an exclusive lock (``OUTDIR/.lock``, released when the process ends) so that two
-    runs never write the same file; it refuses a folder whose config disagrees on ``fixed`` keys.
+
+def shard_paths(folder) -> list[Path]:
+    """Every results shard in ``folder``, rank 0 first, then by rank."""
+    folder = Path(folder)
+    ranks = [int(p.name[len("results.rank"):-len(".jsonl")]) for p in folder.glob("results.rank*.jsonl")
+             if p.name[len("results.rank"):-len(".jsonl")].isdigit()]
+    paths = [shard_path(folder, r) for r in sorted(ranks) if r > 0]
+    return ([folder / "results.jsonl"] if (folder / "results.jsonl").exists() else []) + paths
+
+
+def _row_key(row) -> tuple:
+    return row["length"], _skey(row["s"]), row["sample_id"]
+
+
+def _read_shard(path: Path, repair: bool) -> list[dict]:
+    """Complete rows of one shard, up to the first torn (no newline) or corrupt line; with
+    ``repair`` the file is cut there, so that the next append starts on a clean line."""
+    data = path.read_bytes() if path.exists() else b""
+    rows, good_end, pos = [], 0, 0
+    while (nl := data.find(b"\n", pos)) >= 0:
+        line, pos = data[pos:nl], nl + 1
+        if line.strip():
+            try:
+                row = json.loads(line)
+                _row_key(row)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                break
+            rows.append(row)
+        good_end = pos
+    if repair and good_end < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(good_end)
+    return rows
+
+
+def _unique(rows) -> list[dict]:
+    """The first row of every ``(length, s, sample_id)``."""
+    seen, out = set(), []
+    for r in rows:
+        if (key := _row_key(r)) not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+class ResultsStore:
+    """``OUTDIR`` with ``config.json`` and append-only results shards (:func:`shard_path`).
+
+    Rank ``rank`` appends to its own shard and reads every shard, so ``done`` holds the rows of
+    all ranks (and of earlier runs with any number of ranks). Opening takes an exclusive lock
+    (``OUTDIR/.lock`` for rank 0, ``.lock.rank{r}`` for the others; released when the process
+    ends) so that two runs never write the same file: every run has a rank 0, so two runs
+    never share a folder. It refuses a folder whose config disagrees on ``fixed`` keys.
     """
 
-    def __init__(self, out, config: dict, fixed=("samples_spec", "intervention", "model", "decode")):
+    def __init__(self, out, config: dict, fixed=("samples_spec", "intervention", "model", "decode"),
+                 rank: int = 0):
         self.dir = Path(out)
+        self.rank = int(rank)
         config = json.loads(json.dumps(config))  # compare as stored: tuples become lists
-        if self.dir.exists() and not self.dir.is_dir():
-            raise SweepError(f"output {str(self.dir)!r} exists and is not a folder")
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / ".write_test"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as exc:
-            raise SweepError(f"output folder {str(self.dir)!r} is not writable: {exc}") from exc
-        self._lock = None
-        try:
-            import fcntl
-            self._lock = open(self.dir / ".lock", "w")
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                self._lock.close()
-                self._lock = None
-                raise SweepError(f"another sweep is writing into {str(self.dir)!r}") from None
-        except ImportError:  # pragma: no cover - non-POSIX
-            pass
+        self._check_writable()
+        self._lock = self._take_lock()
         self.config_path = self.dir / "config.json"
-        self.path = self.dir / "results.jsonl"
-        old = None
-        if self.config_path.exists():
-            try:
-                old = json.loads(self.config_path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                self.close()
-                raise SweepError(f"{self.config_path} is unreadable ({exc}); use a new --out") from exc
-            for key in fixed:
-                if old.get(key) != config.get(key):
-                    self.close()
-                    raise SweepError(
-                        f"{str(self.dir)!r} holds a sweep with a different {key}:\n  there: "
-                        f"{json.dumps(old.get(key), sort_keys=True)}\n  now:   "
-                        f"{json.dumps(config.get(key), sort_keys=True)}\nuse a new --out to keep both")
-        elif self.path.exists() and self.path.stat().st_size > 0:
+        self.path = shard_path(self.dir, self.rank)
+        try:
+            old = self._old_config(config, fixed)
+        except SweepError:
             self.close()
-            raise SweepError(f"{self.path} exists without config.json; use a new --out")
+            raise
         merged = dict(config)
         if old:
             merged["lengths"] = sorted(set(old.get("lengths", [])) | set(config.get("lengths", [])))
             merged["strengths"] = sorted(set(old.get("strengths", [])) | set(config.get("strengths", [])))
         self.config = merged
         self._config_changed = merged != old
-        self.rows = self._load_and_repair()
-        self.done = {(r["length"], _skey(r["s"]), r["sample_id"]) for r in self.rows}
-        self._fh = None  # config.json and results.jsonl are written at the first append
+        own = _read_shard(self.path, repair=True)
+        others = [r for p in shard_paths(self.dir) if p != self.path for r in _read_shard(p, repair=False)]
+        self.rows = _unique(own + others)
+        self.done = {_row_key(r) for r in self.rows}
+        self._fh = None  # config.json and the shard are written at the first append
+
+    def _check_writable(self) -> None:
+        if self.dir.exists() and not self.dir.is_dir():
+            raise SweepError(f"output {str(self.dir)!r} exists and is not a folder")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".write_test{self.rank}"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise SweepError(f"output folder {str(self.dir)!r} is not writable: {exc}") from exc
+
+    def _take_lock(self):
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - non-POSIX
+            return None
+        lock = open(self.dir / (".lock" if self.rank == 0 else f".lock.rank{self.rank}"), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise SweepError(f"another sweep is writing into {str(self.dir)!r}") from None
+        return lock
+
+    def _old_config(self, config: dict, fixed) -> dict | None:
+        """The folder's ``config.json`` (None if new), after checking it agrees on ``fixed``."""
+        if not self.config_path.exists():
+            if any(p.stat().st_size > 0 for p in shard_paths(self.dir)):
+                raise SweepError(f"{self.dir / 'results.jsonl'} exists without config.json; use a new --out")
+            return None
+        try:
+            old = json.loads(self.config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SweepError(f"{self.config_path} is unreadable ({exc}); use a new --out") from exc
+        for key in fixed:
+            if old.get(key) != config.get(key):
+                raise SweepError(
+                    f"{str(self.dir)!r} holds a sweep with a different {key}:\n  there: "
+                    f"{json.dumps(old.get(key), sort_keys=True)}\n  now:   "
+                    f"{json.dumps(config.get(key), sort_keys=True)}\nuse a new --out to keep both")
+        return old
 
     def _open(self):
-        if self._config_changed:
-            tmp = self.config_path.with_suffix(".json.tmp")
+        if self._config_changed:  # every rank writes the same text; each replace is atomic
+            tmp = self.config_path.with_suffix(f".json.tmp{self.rank}")
             tmp.write_text(json.dumps(self.config, indent=2, sort_keys=True) + "\n")
             os.replace(tmp, self.config_path)
             self._config_changed = False
         self._fh = open(self.path, "a", encoding="utf-8")
-
-    def _load_and_repair(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        data = self.path.read_bytes()
-        rows, seen, good_end, pos = [], set(), 0, 0
-        while pos < len(data):
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                break  # torn last line
-            line = data[pos:nl]
-            pos = nl + 1
-            if not line.strip():
-                good_end = pos
-                continue
-            try:
-                row = json.loads(line)
-                key = (row["length"], _skey(row["s"]), row["sample_id"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                break  # a corrupt line: keep what precedes it
-            good_end = pos
-            if key in seen:
-                continue
-            seen.add(key)
-            rows.append(row)
-        if good_end < len(data):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(good_end)
-        return rows
 
     def append(self, rows: list[dict]) -> None:
         """Append rows as one write, then flush and fsync."""
@@ -194,8 +250,7 @@ class ResultsStore:
         self._fh.write(text)
         self._fh.flush()
         os.fsync(self._fh.fileno())
-        for r in rows:
-            self.done.add((r["length"], _skey(r["s"]), r["sample_id"]))
+        self.done.update(_row_key(r) for r in rows)
         self.rows.extend(rows)
 
     def close(self) -> None:
@@ -214,24 +269,11 @@ class ResultsStore:
 
 
 def load_results(out) -> list[dict]:
-    """Complete rows of ``out/results.jsonl`` (a torn last line is skipped, not repaired)."""
-    path = Path(out) / "results.jsonl"
-    if not path.is_file():
+    """Complete rows of every results shard in ``out`` (torn last lines are skipped, not repaired)."""
+    paths = shard_paths(out)
+    if not paths:
         raise SweepError(f"no results.jsonl in {str(out)!r}")
-    rows, seen = [], set()
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break
-            try:
-                r = json.loads(line)
-                key = (r["length"], _skey(r["s"]), r["sample_id"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                break
-            if key not in seen:
-                seen.add(key)
-                rows.append(r)
-    return rows
+    return _unique(r for p in paths for r in _read_shard(p, repair=False))
 
 
 # ---------------------------------------------------------------------------------- summary
@@ -306,8 +348,9 @@ FINGERPRINT_EXCLUDES = ("op_mode", "decay_a_range", "decay_dt_range")
 ranges): left out of a sweep's model fingerprint, so folders stay resumable across them."""
 
 
-def _model_fingerprint(model) -> dict:
-    cfg = getattr(model, "cfg", None)
+def model_fingerprint(cfg) -> dict:
+    """The model config a sweep folder records (a ``QEDConfig`` or None), less
+    :data:`FINGERPRINT_EXCLUDES`; the loaded model's and its ``config.json``'s are the same."""
     if cfg is None:
         return {}
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
@@ -323,25 +366,193 @@ def _model_dtype(model):
         return None
 
 
+def sweep_config(nt: NIAHTask, *, samples, seed, lengths, strengths, layers, heads, phase, ref_strength,
+                 model_id, model_cfg, dtype, decode="budget") -> dict:
+    """What defines a sweep folder (``config.json``): the samples, the intervention, the model
+    (id, :func:`model_fingerprint`, weights dtype name), the grid, the reference strength and,
+    unless ``decode="budget"``, the decode rule."""
+    config = {
+        "samples_spec": {**nt.describe(), "samples": int(samples), "seed": int(seed)},
+        "intervention": {"layers": None if layers is None else list(layers),
+                         "heads": None if heads is None else list(heads), "phase": phase},
+        "model": {"id": model_id, "config": model_fingerprint(model_cfg), "dtype": dtype},
+        "lengths": [int(x) for x in lengths], "strengths": [float(s) for s in strengths],
+        "ref_strength": ref_strength,
+    }
+    if decode != "budget":
+        config["decode"] = {"rule": decode, "margin": ANSWER_MARGIN}
+    return config
+
+
+def open_store(out, config: dict) -> ResultsStore:
+    """This rank's :class:`ResultsStore` on ``out``; under a process group every rank opens its
+    shard and all of them raise (a ``SweepError``) if any rank cannot (lock, config, folder)."""
+    store = error = None
+    try:
+        store = ResultsStore(out, config, rank=dist.rank())
+    except SweepError as exc:
+        error = exc
+    try:
+        dist.agree(error, kind=SweepError)
+    except SweepError:
+        if store is not None:
+            store.close()
+        raise
+    return store
+
+
+@dataclass
+class SweepBatch:
+    """One batch of prompts of one length, packed once: ``sample_ids``, and per strength the
+    ids whose rows are still missing (``todo``: ``[(s, ids)]``, one generate call each)."""
+
+    length: int
+    sample_ids: list[int]
+    todo: list[tuple[float, list[int]]]
+
+
+def plan_batches(done, lengths, strengths, samples, batch_size_of) -> list[SweepBatch]:
+    """The batches that compute every ``(length, s, sample_id)`` not in ``done``: per length,
+    the sample ids missing at some strength, in runs of ``batch_size_of(length)``."""
+    batches = []
+    for L in lengths:
+        missing = {i: [s for s in strengths if (L, _skey(s), i) not in done] for i in range(samples)}
+        ids = [i for i in range(samples) if missing[i]]
+        bs = batch_size_of(L)
+        for start in range(0, len(ids), bs):
+            chunk = ids[start:start + bs]
+            todo = [(s, [i for i in chunk if s in missing[i]]) for s in strengths]
+            batches.append(SweepBatch(L, chunk, [(s, who) for s, who in todo if who]))
+    return batches
+
+
 def _default_batch(length, device_type, batch_tokens):
     if device_type == "cuda":
         return max(1, int(batch_tokens) // int(length))
     return 4
 
 
+class Timings(dict):
+    """Seconds per phase (``timings.time(name)`` adds a block's wall time) and token counts."""
+
+    @contextlib.contextmanager
+    def time(self, name: str, device=None):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if device is not None and torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            self[name] = self.get(name, 0.0) + time.perf_counter() - t0
+
+    def add(self, name: str, value) -> None:
+        self[name] = self.get(name, 0) + value
+
+
+@dataclass
+class Intervention:
+    """Which lambdas a strength scales and how (``qedprobe.model.strength``'s arguments)."""
+
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+    phase: str = "all"
+    allow_extrapolation: bool = False
+
+
+def generate_at(model, prompts, n_new: int, s: float, iv: Intervention, eos_id, cuda_graph=True):
+    """Greedy continuations ``[B][n_new]`` of packed ``prompts`` with lambda scaled by ``s``."""
+    from qedprobe.model import strength as strength_cm
+    with torch.inference_mode(), strength_cm(model, s, layers=iv.layers, heads=iv.heads, phase=iv.phase,
+                                             allow_extrapolation=iv.allow_extrapolation):
+        return model.generate(prompts, n_new, eos_token_id=eos_id, do_sample=False, cuda_graph=cuda_graph)
+
+
+def rows_from_outputs(nt: NIAHTask, length: int, s: float, samples: dict, outputs, seed: int) -> list[dict]:
+    """One result row per ``(sample_id -> Sample)`` of ``samples`` and its generated ids
+    (``outputs`` in the same order): the prediction is cut at the first EOS and scored."""
+    tok, rows = nt.tokenizer, []
+    for (i, sm), raw in zip(samples.items(), outputs):
+        toks = list(raw)
+        if tok.eos_id is not None and tok.eos_id in toks:
+            toks = toks[:toks.index(tok.eos_id)]
+        pred = tok.decode(toks)
+        rows.append({"task": nt.name, "length": length, "s": s, "sample_id": i,
+                     "correct": score(pred, sm.answer), "prediction": pred, "answer": sm.answer,
+                     "key": sm.key, "depth": sm.depth, "prompt_tokens": len(sm.input_ids),
+                     "new_tokens": len(toks), "prompt_sha": sm.sha, "seed": int(seed)})
+    return rows
+
+
+def run_batch(model, nt: NIAHTask, batch: SweepBatch, *, samples, seed, iv: Intervention, decode, timings,
+              cuda_graph=True):
+    """Yield the rows of each strength of ``batch`` (one generate call each); the prompts are
+    built and packed once per set of ids and shared by the strengths."""
+    from qedprobe.model.packing import pack_prompts
+    device = getattr(model, "device", torch.device("cpu"))
+    with timings.time("generate_prompts_s"):
+        smp = {i: nt.sample(batch.length, i, samples=samples, seed=seed) for i in batch.sample_ids}
+    packed = {}  # ids -> (PackedPrompts, new tokens)
+    for s, who in batch.todo:
+        with timings.time("model_s", device):
+            if tuple(who) not in packed:
+                prompts = [smp[i] for i in who]
+                packed[tuple(who)] = (
+                    pack_prompts([sm.input_ids for sm in prompts], model.cfg.vocab_size, device),
+                    nt.max_new_tokens if decode == "budget" else nt.answer_tokens(prompts))
+            new = generate_at(model, *packed[tuple(who)], s, iv, nt.tokenizer.eos_id, cuda_graph)
+        timings.add("new_tokens", sum(len(raw) for raw in new))
+        rows = rows_from_outputs(nt, batch.length, s, {i: smp[i] for i in who}, new, seed)
+        timings.add("prompt_tokens", sum(r["prompt_tokens"] for r in rows))
+        yield rows
+
+
+def summarise(folder, ref_strength, title=None) -> list[dict]:
+    """The summary of every shard in ``folder``, once all ranks are done; rank 0 writes
+    ``summary.csv`` / ``summary.json`` and the plots."""
+    dist.barrier()
+    rows = load_results(folder) if shard_paths(folder) else []
+    summary = summarize(rows, ref_strength)
+    if dist.is_main():
+        write_summary(summary, folder)
+        if summary:
+            plot_summary(summary, folder, title=title)
+    return summary
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` returns: the summary rows (every shard) and this rank's timings
+    (seconds per phase ``*_s``, ``prompt_tokens``, ``new_tokens``, ``prefill_tokens_per_s``)."""
+
+    summary: list[dict]
+    timing: dict = field(default_factory=dict)
+
+
+def _resolve_model(model, model_id):
+    """A loaded model (a ``save_pretrained`` folder is loaded on this rank's CUDA device in
+    bfloat16 when available, else CPU float32) and its id."""
+    if not isinstance(model, (str, os.PathLike)):
+        return model, model_id
+    from qedprobe.model import QEDModel
+    cuda = torch.cuda.is_available()
+    dev = dist.rank_device("cuda") if cuda else torch.device("cpu")
+    loaded = QEDModel.from_pretrained(model, dtype=torch.bfloat16 if cuda else torch.float32, device=dev)
+    return loaded.eval(), model_id or str(Path(model).resolve())
+
+
 def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, samples, seed=0,
               out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
               ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
-              max_new_tokens=None, haystack=None, model_id=None, progress=True, stop_after=None,
-              decode="budget", cuda_graph=True):
-    """Run (or resume) a strength sweep into ``out``; returns the summary rows.
+              max_new_tokens=None, haystack=None, model_id=None, progress=True,
+              decode="budget", cuda_graph=True) -> SweepResult:
+    """Run (or resume) a strength sweep into ``out``; returns a :class:`SweepResult`.
 
     ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
     written by ``save_pretrained`` (loaded on CUDA in bfloat16 when available, else CPU float32).
     ``tokenizer``: ``"bytes"``, a local HF folder or a tokenizer object.
+    ``out``: a folder, or a :class:`ResultsStore` the caller opened (and closes).
     ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
     ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
-    ``stop_after``: stop after this many generate calls (tests of resume); the summary is still written.
     ``decode``: ``"budget"`` decodes the task's ``max_new_tokens`` per prompt (the tokens the prompt
     length reserves; rows as always); ``"answer"`` decodes only what the longest answer of each batch
     needs (``NIAHTask.answer_tokens``: 11 instead of 16 for 7-digit numbers in bytes), so a
@@ -349,152 +560,89 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     Each batch of prompts is packed once and run at every strength.
     ``cuda_graph``: replay the decode step from a CUDA graph where that is exact (CUDA, no hooks;
     ``QEDModel.generate``); False forces eager steps. Rows are the same either way.
-    The returned summary also has the timing in ``run_sweep.last_timing``.
-    """
-    import torch
-    from qedprobe.model import strength as strength_cm
-    from qedprobe.model.packing import pack_prompts
 
+    Under an initialised ``torch.distributed`` process group of N ranks (``torchrun``), every
+    rank calls ``run_sweep`` with the same arguments and its own model replica: the missing
+    rows are planned into the same batches as in one process, batch ``j`` runs on rank
+    ``j mod N`` and appends to that rank's shard; the summary is written by rank 0 once all
+    ranks are done and returned on every rank.
+    """
     t_start = time.perf_counter()
-    if isinstance(model, (str, os.PathLike)):
-        from qedprobe.model import QEDModel
-        model_id = model_id or str(Path(model).resolve())
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        model = QEDModel.from_pretrained(model, dtype=torch.bfloat16 if dev == "cuda" else torch.float32,
-                                         device=dev).eval()
+    model, model_id = _resolve_model(model, model_id)
     nt = task if isinstance(task, NIAHTask) else NIAHTask(task, tokenizer, haystack_file=haystack_file,
                                                           num_needles=num_needles,
                                                           max_new_tokens=max_new_tokens,
                                                           haystack=haystack)
-    tok = nt.tokenizer
     lengths = [int(x) for x in lengths]
     strengths = [float(s) for s in strengths]
-    _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model)
+    validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation)
+    check_model(nt, getattr(model, "cfg", None), strengths, layers, heads)
     if decode not in DECODE_RULES:
         raise SweepError(f"decode must be one of {DECODE_RULES}, got {decode!r}")
-    config = {
-        "samples_spec": {**nt.describe(), "samples": int(samples), "seed": int(seed)},
-        "intervention": {"layers": None if layers is None else list(layers),
-                         "heads": None if heads is None else list(heads), "phase": phase},
-        "model": {"id": model_id, "config": _model_fingerprint(model), "dtype": _model_dtype(model)},
-        "lengths": lengths, "strengths": strengths, "ref_strength": ref_strength,
-    }
-    if decode != "budget":
-        config["decode"] = {"rule": decode, "margin": ANSWER_MARGIN}
-    store = out if isinstance(out, ResultsStore) else ResultsStore(out, config)
-    if store.config.get("decode") != config.get("decode"):
-        raise SweepError(f"{str(store.dir)!r} was decoded with {store.config.get('decode')}, "
-                         f"this run asks {config.get('decode')}: use a new --out")
-    timing = defaultdict(float)
-    n_prompt_tok = n_new_tok = 0
+    config = sweep_config(nt, samples=samples, seed=seed, lengths=lengths, strengths=strengths, layers=layers,
+                          heads=heads, phase=phase, ref_strength=ref_strength, model_id=model_id,
+                          model_cfg=getattr(model, "cfg", None), dtype=_model_dtype(model), decode=decode)
+    store = out if isinstance(out, ResultsStore) else open_store(out, config)
     try:
-        todo = [(L, i, _skey(s)) for L in lengths for i in range(samples) for s in strengths
-                if (L, _skey(s), i) not in store.done]
-        bar = None
-        if progress and todo:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(todo), unit="row", desc=f"sweep {nt.name}", dynamic_ncols=True)
-        pending = defaultdict(lambda: defaultdict(list))  # L -> i -> [s]
-        for L, i, s in todo:
-            pending[L][i].append(s)
-        device = getattr(model, "device", torch.device("cpu"))
-        calls = 0
-        for L in lengths:
-            ids = sorted(pending[L])
-            bs = batch_size or _default_batch(L, torch.device(device).type, batch_tokens)
-            for start in range(0, len(ids), bs):
-                chunk = ids[start:start + bs]
-                t0 = time.perf_counter()
-                smp = {i: nt.sample(L, i, samples=samples, seed=seed) for i in chunk}
-                packed = {}  # who -> (PackedPrompts, new tokens), shared by the strengths
-                timing["generate_prompts_s"] += time.perf_counter() - t0
-                for s in strengths:
-                    who = [i for i in chunk if _skey(s) in pending[L][i]]
-                    if not who:
-                        continue
-                    if stop_after is not None and calls >= stop_after:
-                        raise _Stop
-                    t0 = time.perf_counter()
-                    if tuple(who) not in packed:
-                        batch = [smp[i] for i in who]
-                        packed[tuple(who)] = (
-                            pack_prompts([sm.input_ids for sm in batch], model.cfg.vocab_size, device),
-                            nt.max_new_tokens if decode == "budget" else nt.answer_tokens(batch))
-                    prompts, n_new = packed[tuple(who)]
-                    with torch.inference_mode(), strength_cm(model, s, layers=layers, heads=heads,
-                                                             phase=phase,
-                                                             allow_extrapolation=allow_extrapolation):
-                        new = model.generate(prompts, n_new, eos_token_id=tok.eos_id, do_sample=False,
-                                             cuda_graph=cuda_graph)
-                    if torch.device(device).type == "cuda":
-                        torch.cuda.synchronize()
-                    dt = time.perf_counter() - t0
-                    timing["model_s"] += dt
-                    calls += 1
-                    t0 = time.perf_counter()
-                    rows = []
-                    for i, raw in zip(who, new):
-                        toks = list(raw)
-                        if tok.eos_id is not None and tok.eos_id in toks:
-                            toks = toks[:toks.index(tok.eos_id)]
-                        pred = tok.decode(toks)
-                        sm = smp[i]
-                        rows.append({"task": nt.name, "length": L, "s": s, "sample_id": i,
-                                     "correct": score(pred, sm.answer), "prediction": pred,
-                                     "answer": sm.answer, "key": sm.key, "depth": sm.depth,
-                                     "prompt_tokens": len(sm.input_ids), "new_tokens": len(toks),
-                                     "prompt_sha": sm.sha, "seed": int(seed)})
-                        n_prompt_tok += len(sm.input_ids)
-                        n_new_tok += len(raw)
+        if store.config.get("decode") != config.get("decode"):
+            raise SweepError(f"{str(store.dir)!r} was decoded with {store.config.get('decode')}, "
+                             f"this run asks {config.get('decode')}: use a new --out")
+        device_type = torch.device(getattr(model, "device", "cpu")).type
+        batches = plan_batches(store.done, lengths, strengths, samples,
+                               lambda L: batch_size or _default_batch(L, device_type, batch_tokens))
+        mine = batches[dist.rank()::dist.world_size()]
+        timings = Timings()
+        iv = Intervention(layers, heads, phase, allow_extrapolation)
+        bar = _progress(mine, nt.name) if progress else None
+        for batch in mine:
+            for rows in run_batch(model, nt, batch, samples=samples, seed=seed, iv=iv, decode=decode,
+                                  timings=timings, cuda_graph=cuda_graph):
+                with timings.time("write_s"):
                     store.append(rows)
-                    timing["write_s"] += time.perf_counter() - t0
-                    if bar is not None:
-                        bar.update(len(rows))
-                        bar.set_postfix(L=L, s=f"{s:g}", tok_s=f"{n_prompt_tok / max(timing['model_s'], 1e-9):,.0f}")
+                if bar is not None:
+                    bar.update(len(rows))
+                    bar.set_postfix(L=batch.length, s=f"{rows[0]['s']:g}",
+                                    tok_s=f"{timings['prompt_tokens'] / max(timings['model_s'], 1e-9):,.0f}")
         if bar is not None:
             bar.close()
-    except _Stop:
-        pass
     finally:
-        t0 = time.perf_counter()
-        rows = list(store.rows)
-        summary = summarize(rows, ref_strength)
-        write_summary(summary, store.dir)
-        if summary:
-            plot_summary(summary, store.dir, title=f"{nt.name}, seed {seed}"
-                         + (f", {model_id}" if model_id else ""))
-        timing["summary_s"] += time.perf_counter() - t0
         if not isinstance(out, ResultsStore):
             store.close()
-    timing["total_s"] = time.perf_counter() - t_start
-    timing["prompt_tokens"] = n_prompt_tok
-    timing["new_tokens"] = n_new_tok
-    timing["prefill_tokens_per_s"] = n_prompt_tok / timing["model_s"] if timing["model_s"] else 0.0
-    run_sweep.last_timing = dict(timing)
-    return summary
+    with timings.time("summary_s"):
+        summary = summarise(store.dir, ref_strength, title=f"{nt.name}, seed {seed}"
+                            + (f", {model_id}" if model_id else ""))
+    return SweepResult(summary, _finish_timings(timings, t_start))
 
 
-run_sweep.last_timing = {}
+def _progress(batches, name):
+    """A tqdm bar over the rows of ``batches`` (None when there are none)."""
+    total = sum(len(who) for b in batches for _, who in b.todo)
+    if not total:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, unit="row", desc=f"sweep {name}", dynamic_ncols=True,
+                disable=not dist.is_main())
 
 
-class _Stop(Exception):
-    pass
+def _finish_timings(timings: Timings, t_start: float) -> dict:
+    out = {"generate_prompts_s": 0.0, "model_s": 0.0, "write_s": 0.0, "prompt_tokens": 0, "new_tokens": 0,
+           **timings, "total_s": time.perf_counter() - t_start}
+    out["prefill_tokens_per_s"] = out["prompt_tokens"] / out["model_s"] if out["model_s"] else 0.0
+    return out
 
 
-def _check_strengths(strengths, *, arm, allow_extrapolation=True):
-    """``qedprobe.lam.check_strengths`` (the rule ``strength`` applies), as a SweepError, before any work."""
+def check_strengths_for(strengths, *, arm, allow_extrapolation=True):
+    """``qedprobe.lam.check_strengths`` (the rule ``strength`` applies), as a SweepError, before any
+    work (a gdn2 model has lambda = 0: only s = 1 applies)."""
     try:
         check_strengths(strengths, arm=arm, allow_extrapolation=allow_extrapolation)
     except ValueError as exc:
         raise SweepError(str(exc)) from None
 
 
-def _check_arm(cfg, strengths):
-    """A gdn2 model has lambda = 0: only s = 1 applies."""
-    _check_strengths(strengths, arm=getattr(cfg, "arm", None))
-
-
-def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model):
+def validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation) -> None:
+    """The checks that need no model: sample count, lengths (distinct, long enough for ``nt``),
+    strengths (distinct, finite, in range), phase."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise SweepError(f"samples must be a positive integer, got {samples!r}")
     if not lengths or any(L < 1 for L in lengths) or len(set(lengths)) != len(lengths):
@@ -503,7 +651,7 @@ def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model
         raise SweepError(f"strengths must be distinct numbers, got {strengths}")
     if any(not math.isfinite(s) for s in strengths):
         raise SweepError("strengths must be finite")
-    _check_strengths(strengths, arm=None, allow_extrapolation=allow_extrapolation)
+    check_strengths_for(strengths, arm=None, allow_extrapolation=allow_extrapolation)
     if phase not in ("all", "prefill", "decode"):
         raise SweepError(f"phase must be all, prefill or decode, got {phase!r}")
     need = nt.min_length()
@@ -511,10 +659,19 @@ def _validate(nt, lengths, strengths, samples, phase, allow_extrapolation, model
     if short:
         raise SweepError(f"lengths {short} are too short for {nt.name} with this tokenizer "
                          f"(need >= {need} tokens)")
-    if model is not None:
-        cfg = getattr(model, "cfg", None)
-        _check_arm(cfg, strengths)
-        vs = getattr(cfg, "vocab_size", None)
-        if vs is not None and nt.tokenizer.vocab_size > vs:
-            raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
-                             f"model's vocabulary has {vs}: wrong --tokenizer for this model?")
+
+
+def check_model(nt, cfg, strengths, layers=None, heads=None) -> None:
+    """The checks against a model config (loaded or read from ``config.json``): the arm allows
+    the strengths, the tokenizer's ids fit the vocabulary, ``layers`` / ``heads`` exist."""
+    if cfg is None:
+        return
+    check_strengths_for(strengths, arm=getattr(cfg, "arm", None))
+    vs = getattr(cfg, "vocab_size", None)
+    if vs is not None and nt.tokenizer.vocab_size > vs:
+        raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
+                         f"model's vocabulary has {vs}: wrong --tokenizer for this model?")
+    for name, sel, size in (("--layers", layers, getattr(cfg, "num_hidden_layers", None)),
+                            ("--heads", heads, getattr(cfg, "num_heads", None))):
+        if sel is not None and size is not None and any(not 0 <= i < size for i in sel):
+            raise SweepError(f"{name} {sel} outside 0..{size - 1}")
