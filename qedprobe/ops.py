@@ -16,13 +16,13 @@ All ops share one signature::
 """
 from __future__ import annotations
 
-from qedprobe.kernels.qed import (ARMS, PROJECTED_ARMS, qed_chunk, qed_chunk_torch, qed_naive,
+from qedprobe.kernels.qed import (ARMS, LAMBDA_BOUND, PROJECTED_ARMS, qed_chunk, qed_chunk_torch, qed_naive,
                                   qed_recurrent, value_checks)
 
 OPS = {"naive": qed_naive, "torch": qed_chunk_torch, "chunk": qed_chunk, "recurrent": qed_recurrent}
 MODES = ("auto", *OPS)
 
-__all__ = ["ARMS", "MODES", "PROJECTED_ARMS", "qed_attention", "qed_chunk", "qed_chunk_torch", "qed_naive",
+__all__ = ["ARMS", "LAMBDA_BOUND", "MODES", "PROJECTED_ARMS", "qed_attention", "qed_chunk", "qed_chunk_torch", "qed_naive",
            "qed_recurrent", "value_checks"]
 
 

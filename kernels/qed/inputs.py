@@ -4,11 +4,11 @@ One function, :func:`check_qed_inputs`, validates shapes, dtypes, devices and op
 returns a :class:`QEDProblem` with the sizes every op needs. Every failure is a
 ``ValueError`` that names the argument and what was expected; nothing is coerced.
 
-Value checks (finite inputs, ``g <= 0``) need a device synchronisation, so they run only
-inside :func:`value_checks`::
+Value checks (finite inputs, ``g <= 0``, ``|lam| <= LAMBDA_BOUND``) need a device
+synchronisation, so they run only inside :func:`value_checks`::
 
     with qedprobe.ops.value_checks():
-        qed_chunk(...)   # raises ValueError on NaN/Inf inputs or positive log-decay
+        qed_chunk(...)   # raises ValueError on NaN/Inf inputs, positive log-decay or |lam| too large
 """
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ import torch
 ARMS = ("gdn2", "nogate_noproj", "nogate", "full", "rand", "noproj")
 """The six arms. ``a_t = b_t*k_t + lam * d_t`` with ``d_t`` per arm (see ``arms.py``)."""
 
+LAMBDA_BOUND = 1.0
+"""Largest ``|lam|`` the ops are specified for. Up to it the chunk ops agree with the float64
+token loop to float32 precision. Beyond it the transition ``M_t D_t`` (non-normal, and for the
+unprojected arms with ``e_t`` outside ``[0, 1]``) can grow the state exponentially over the
+sequence, and the ops overflow to Inf/NaN at different points: the token loop stays finite
+longer than the chunk algorithm's within-chunk inverse. A model's ``lambda`` is below
+``lambda_max = 0.25``, so strengths ``|s| <= 4`` stay within the bound."""
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 _VALUE_CHECKS = contextvars.ContextVar("qedprobe_value_checks", default=False)
@@ -29,7 +37,8 @@ _VALUE_CHECKS = contextvars.ContextVar("qedprobe_value_checks", default=False)
 
 @contextlib.contextmanager
 def value_checks(enabled: bool = True):
-    """Inside this block every QED op also checks values: all inputs finite, ``g <= 0``."""
+    """Inside this block every QED op also checks values: all inputs finite, ``g <= 0``,
+    ``|lam| <= LAMBDA_BOUND``."""
     token = _VALUE_CHECKS.set(enabled)
     try:
         yield
@@ -159,6 +168,9 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
                 raise ValueError(f"{op}: `{name}` contains NaN or Inf")
         if bool((g > 0).any()):
             raise ValueError(f"{op}: `g` is a natural-log decay and must be <= 0, got max {g.max().item():.4g}")
+        if bool((lam.abs() > LAMBDA_BOUND).any()):
+            raise ValueError(f"{op}: `lam` must satisfy |lam| <= LAMBDA_BOUND = {LAMBDA_BOUND:g} (beyond it the "
+                             f"state can grow without bound), got max |lam| {lam.abs().max().item():.4g}")
 
     return QEDProblem(B=B, T=T, H=H, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
                       compute_dtype=compute_dtype, seq_bounds=seq_bounds)
