@@ -1,9 +1,10 @@
 """Sub-commands ``sweep``, ``report`` and ``eig`` for the ``qedprobe`` CLI.
 
 ``register(subparsers)`` adds them; each sets ``func=run_x`` with ``run_x(args) -> int``.
-Every check that needs no model (task, lengths, strengths, tokenizer, output folder, the model
-folder's ``config.json``) runs before the weights are loaded; errors are printed as one line
-``qedprobe <cmd>: error: ...`` with exit status 2.
+Every check that needs no model (task, lengths, strengths, tokenizer, output path, the model
+folder's ``config.json``) runs before the weights are loaded; a sweep folder's own
+``config.json`` is compared after, as it records the weights' hash. Errors are printed as one
+line ``qedprobe <cmd>: error: ...`` with exit status 2.
 
 Standalone: ``python -m qedprobe.eval.commands sweep ...``.
 """
@@ -13,6 +14,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from qedprobe.cliutil import check_out_folder
 
 from .sweep import SweepError, parse_float_list, parse_int_list
 
@@ -133,6 +136,13 @@ def _model_config(path):
         raise SweepError(f"--model {path!r}: {exc}") from None
 
 
+def _check_out(path) -> None:
+    try:
+        check_out_folder(path)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+
+
 def _load_model(path, dev, dtype):
     from qedprobe.model import QEDModel
     try:
@@ -145,6 +155,8 @@ def _load_model(path, dev, dtype):
 def run_sweep_cmd(args) -> int:
     from qedprobe import dist
     from qedprobe.tokenizer import TokenizerError
+
+    from qedprobe.model.checkpoint import state_dict_sha256
 
     from .sweep import check_model, open_store, run_sweep, sweep_config, validate_grid
     from .tasks import NIAHTask
@@ -167,12 +179,14 @@ def run_sweep_cmd(args) -> int:
         dist.init_from_env(dev)
         dev = dist.rank_device(dev)
         model_id = str(Path(args.model).resolve())
+        _check_out(args.out)
+        model = _load_model(args.model, dev, dtype)  # the folder's config records the weights' hash
         config = sweep_config(nt, samples=args.samples, seed=args.seed, lengths=lengths, strengths=strengths,
                               layers=layers, heads=heads, phase=args.phase, ref_strength=args.ref_strength,
-                              model_id=model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""))
+                              model_id=model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
+                              weights=state_dict_sha256(model))
         store = open_store(args.out, config)
         try:
-            model = _load_model(args.model, dev, dtype)
             result = run_sweep(model, nt.tokenizer, task=nt, lengths=lengths, strengths=strengths,
                                samples=args.samples, seed=args.seed, out=store,
                                batch_size=args.batch_size, batch_tokens=args.batch_tokens,

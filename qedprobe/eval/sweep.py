@@ -21,7 +21,8 @@ Files in ``out``:
   decodes; a folder never mixes rows decoded to different budgets.
 * ``results.jsonl``: one row per ``(length, s, sample_id)``, appended and fsync'ed batch by batch.
   A rerun skips the rows already there; a torn last line (a kill during a write) is cut off
-  and its row recomputed, so no row is lost or duplicated.
+  and its row recomputed, so no row is lost or duplicated. Any other broken line is refused
+  with its ``file:line`` (never cut off with the good rows after it).
 * ``results.rank{r}.jsonl``: the same for rank ``r > 0`` of a sweep run with torchrun (rank 0
   writes ``results.jsonl``). Readers take the union of all shards, so a folder resumes with any
   number of ranks; a killed rank loses only the rows it had not appended.
@@ -46,7 +47,9 @@ from pathlib import Path
 import torch
 
 from qedprobe import dist
+from qedprobe.folderlock import lock_folder
 from qedprobe.lam import check_strengths
+from qedprobe.model.checkpoint import state_dict_sha256
 
 from .plots import accuracy_errorbar, figure, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
@@ -124,23 +127,25 @@ def _row_key(row) -> tuple:
 
 
 def _read_shard(path: Path, repair: bool) -> list[dict]:
-    """Complete rows of one shard, up to the first torn (no newline) or corrupt line; with
-    ``repair`` the file is cut there, so that the next append starts on a clean line."""
+    """The rows of one shard's complete lines. A torn last line (no newline: a kill during a
+    write) is left out, and with ``repair`` cut off so that the next append starts on a clean
+    line. Any other line that is not a row is a ``SweepError`` naming ``file:line``: no good
+    row after it is ever dropped."""
     data = path.read_bytes() if path.exists() else b""
-    rows, good_end, pos = [], 0, 0
+    rows, pos, lineno = [], 0, 0
     while (nl := data.find(b"\n", pos)) >= 0:
-        line, pos = data[pos:nl], nl + 1
+        line, pos, lineno = data[pos:nl], nl + 1, lineno + 1
         if line.strip():
             try:
                 row = json.loads(line)
                 _row_key(row)
-            except (json.JSONDecodeError, KeyError, TypeError):
-                break
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+                raise SweepError(f"{path}:{lineno}: not a result row ({type(exc).__name__}: {exc}); "
+                                 "repair or delete that line (the other rows are kept)") from None
             rows.append(row)
-        good_end = pos
-    if repair and good_end < len(data):
+    if repair and pos < len(data):
         with open(path, "r+b") as fh:
-            fh.truncate(good_end)
+            fh.truncate(pos)
     return rows
 
 
@@ -184,8 +189,12 @@ class ResultsStore:
             merged["strengths"] = sorted(set(old.get("strengths", [])) | set(config.get("strengths", [])))
         self.config = merged
         self._config_changed = merged != old
-        own = _read_shard(self.path, repair=True)
-        others = [r for p in shard_paths(self.dir) if p != self.path for r in _read_shard(p, repair=False)]
+        try:
+            own = _read_shard(self.path, repair=True)
+            others = [r for p in shard_paths(self.dir) if p != self.path for r in _read_shard(p, repair=False)]
+        except SweepError:
+            self.close()
+            raise
         self.rows = _unique(own + others)
         self.done = {_row_key(r) for r in self.rows}
         self._fh = None  # config.json and the shard are written at the first append
@@ -202,16 +211,9 @@ class ResultsStore:
             raise SweepError(f"output folder {str(self.dir)!r} is not writable: {exc}") from exc
 
     def _take_lock(self):
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - non-POSIX
-            return None
-        lock = open(self.dir / (".lock" if self.rank == 0 else f".lock.rank{self.rank}"), "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.close()
-            raise SweepError(f"another sweep is writing into {str(self.dir)!r}") from None
+        lock = lock_folder(self.dir, ".lock" if self.rank == 0 else f".lock.rank{self.rank}")
+        if lock is None:
+            raise SweepError(f"another sweep is writing into {str(self.dir)!r}")
         return lock
 
     def _old_config(self, config: dict, fixed) -> dict | None:
@@ -224,10 +226,14 @@ class ResultsStore:
             old = json.loads(self.config_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise SweepError(f"{self.config_path} is unreadable ({exc}); use a new --out") from exc
+        if "weights" in config.get("model", {}) and "weights" not in old.get("model", {}):
+            raise SweepError(f"{str(self.dir)!r} holds a sweep with no weights hash (written by an older "
+                             "qedprobe): its rows cannot be matched to these weights; use a new --out")
         for key in fixed:
             if old.get(key) != config.get(key):
                 raise SweepError(
-                    f"{str(self.dir)!r} holds a sweep with a different {key}:\n  there: "
+                    f"{str(self.dir)!r} holds a sweep with a different {key}{_differing(old.get(key), config.get(key))}"
+                    ":\n  there: "
                     f"{json.dumps(old.get(key), sort_keys=True)}\n  now:   "
                     f"{json.dumps(config.get(key), sort_keys=True)}\nuse a new --out to keep both")
         return old
@@ -266,6 +272,14 @@ class ResultsStore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _differing(old, new) -> str:
+    """`` (a, b differ)`` for two dicts, naming the keys whose values differ; else ``""``."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ""
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return f" ({', '.join(keys)} differ)"
 
 
 def load_results(out) -> list[dict]:
@@ -367,15 +381,17 @@ def _model_dtype(model):
 
 
 def sweep_config(nt: NIAHTask, *, samples, seed, lengths, strengths, layers, heads, phase, ref_strength,
-                 model_id, model_cfg, dtype, decode="budget") -> dict:
+                 model_id, model_cfg, dtype, weights, decode="budget") -> dict:
     """What defines a sweep folder (``config.json``): the samples, the intervention, the model
-    (id, :func:`model_fingerprint`, weights dtype name), the grid, the reference strength and,
-    unless ``decode="budget"``, the decode rule."""
+    (id, :func:`model_fingerprint`, weights dtype name, ``weights``: the loaded state dict's
+    SHA-256, ``qedprobe.model.checkpoint.state_dict_sha256``, so that rows of different weights
+    behind one config never mix), the grid, the reference strength and, unless
+    ``decode="budget"``, the decode rule."""
     config = {
         "samples_spec": {**nt.describe(), "samples": int(samples), "seed": int(seed)},
         "intervention": {"layers": None if layers is None else list(layers),
                          "heads": None if heads is None else list(heads), "phase": phase},
-        "model": {"id": model_id, "config": model_fingerprint(model_cfg), "dtype": dtype},
+        "model": {"id": model_id, "config": model_fingerprint(model_cfg), "dtype": dtype, "weights": weights},
         "lengths": [int(x) for x in lengths], "strengths": [float(s) for s in strengths],
         "ref_strength": ref_strength,
     }
@@ -581,7 +597,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         raise SweepError(f"decode must be one of {DECODE_RULES}, got {decode!r}")
     config = sweep_config(nt, samples=samples, seed=seed, lengths=lengths, strengths=strengths, layers=layers,
                           heads=heads, phase=phase, ref_strength=ref_strength, model_id=model_id,
-                          model_cfg=getattr(model, "cfg", None), dtype=_model_dtype(model), decode=decode)
+                          model_cfg=getattr(model, "cfg", None), dtype=_model_dtype(model),
+                          weights=state_dict_sha256(model), decode=decode)
     store = out if isinstance(out, ResultsStore) else open_store(out, config)
     try:
         if store.config.get("decode") != config.get("decode"):

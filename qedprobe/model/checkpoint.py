@@ -2,19 +2,29 @@
 
 Loading is strict: missing, unexpected or mis-shaped tensors are refused with a ``ValueError``
 that names them; an unreadable ``model.safetensors`` or ``config.json`` is a ``ValueError`` too.
+
+The config keys that define the recurrence but leave no trace in the tensor shapes
+(:data:`RECURRENCE_KEYS`: the arms share parameter names) are also written into the
+safetensors metadata, and a ``config.json`` that disagrees with them is refused by name. Files
+written before this (no such metadata) load as before.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import QEDConfig
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+RECURRENCE_KEYS = ("arm", "lambda_max")
+"""Config keys stored in the weights' metadata (key ``qedprobe.recurrence``, a JSON object)."""
+RECURRENCE_META = "qedprobe.recurrence"
 
 
 def save_pretrained(model, path) -> None:
@@ -23,7 +33,32 @@ def save_pretrained(model, path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     model.cfg.save(path / CONFIG_NAME)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(path / WEIGHTS_NAME), metadata={"format": "pt", "library": "qedprobe"})
+    recurrence = json.dumps({k: getattr(model.cfg, k) for k in RECURRENCE_KEYS}, sort_keys=True)
+    save_file(tensors, str(path / WEIGHTS_NAME),
+              metadata={"format": "pt", "library": "qedprobe", RECURRENCE_META: recurrence})
+
+
+def state_dict_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 over ``model.state_dict()``: every tensor's name, dtype, shape and bytes, in name
+    order. Two models hash equal exactly when they hold the same tensors in the same dtype."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_recurrence(cfg: QEDConfig, file: Path) -> None:
+    """Refuse a config whose :data:`RECURRENCE_KEYS` differ from those saved in ``file``'s metadata."""
+    with safe_open(str(file), framework="pt") as fh:
+        stored = (fh.metadata() or {}).get(RECURRENCE_META)
+    if stored is None:
+        return
+    for key, saved in json.loads(stored).items():
+        if getattr(cfg, key) != saved:
+            raise ValueError(f"{file.parent / CONFIG_NAME} has {key}={getattr(cfg, key)!r} but {file} was "
+                             f"saved with {key}={saved!r}: the config does not describe these weights")
 
 
 def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -65,6 +100,7 @@ def load_pretrained(cls, path, dtype: torch.dtype | None = None, device=None):
         raise ValueError(f"from_pretrained: `dtype` must be a floating torch.dtype or None, got {dtype!r}")
     cfg = QEDConfig.load(path / CONFIG_NAME)
     tensors = read_safetensors(path / WEIGHTS_NAME)
+    check_recurrence(cfg, path / WEIGHTS_NAME)
     model = cls(cfg)
     check_state_dict(model.state_dict(), tensors, path / WEIGHTS_NAME)
     model.load_state_dict(tensors, strict=True)

@@ -5,7 +5,9 @@ become ``embeddings.*``, ``blocks.{l}.*``, ``norm.*`` and ``lm_head.*`` (dropped
 embeddings are tied); each mixer's tensors keep fla's names. Sizes are read from the tensors;
 ``config.json`` beside the weights (if any) supplies ``norm_eps`` and ``initializer_range`` and is checked for options
 qedprobe does not model. Arm ``gdn2`` adds nothing; a QED arm adds ``theta`` (every head set
-to ``--theta``) and, for ``rand``, the directions ``z`` from ``--rand-seed``.
+to ``--theta``) and, for ``rand``, the directions ``z`` from ``--rand-seed``. A qedprobe
+checkpoint (one that already holds ``theta``) is refused: converting it would reset its
+trained strengths.
 
     qedprobe convert path/to/fla_ckpt out_dir --arm full --theta -2
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.kernels.qed import ARMS
 from qedprobe.lam import LAMBDA_MAX, THETA_INIT
 
@@ -110,6 +113,10 @@ def convert(tensors: dict[str, torch.Tensor], fla_config: dict, *, arm: str = "g
             theta: float = THETA_INIT, lambda_max: float = LAMBDA_MAX, rand_seed: int = 0) -> QEDModel:
     """A :class:`QEDModel` holding fla's weights unchanged plus ``theta`` (and ``z``) for QED arms."""
     tensors = rename_fla_keys(tensors)
+    trained = sorted(k for k in tensors if k.endswith(".attn.theta"))
+    if trained:
+        raise ValueError(f"convert: the input is a qedprobe checkpoint (it holds trained theta, e.g. {trained[0]}); "
+                         "converting would reset theta. Load it with QEDModel.from_pretrained as it is")
     cfg = infer_config(tensors, fla_config, arm=arm, lambda_max=lambda_max, rand_seed=rand_seed)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -123,11 +130,19 @@ def convert(tensors: dict[str, torch.Tensor], fla_config: dict, *, arm: str = "g
     return model.to(tensors["embeddings.weight"].dtype)
 
 
+FLAGS = {"theta": "--theta", "lambda_max": "--lambda-max", "rand_seed": "--rand-seed", "arm": "--arm"}
+"""Python argument -> CLI flag, for error messages."""
+
+
 def run(args) -> int:
-    tensors, fla_config = read_checkpoint(Path(args.input))
-    model = convert(tensors, fla_config, arm=args.arm, theta=args.theta, lambda_max=args.lambda_max,
-                    rand_seed=args.rand_seed)
-    model.save_pretrained(args.output)
+    try:
+        check_out_folder(args.output, "output")
+        tensors, fla_config = read_checkpoint(Path(args.input))
+        model = convert(tensors, fla_config, arm=args.arm, theta=args.theta, lambda_max=args.lambda_max,
+                        rand_seed=args.rand_seed)
+        model.save_pretrained(args.output)
+    except (ValueError, OSError) as err:
+        return fail("convert", err, FLAGS)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"converted {args.input} -> {args.output}: arm={model.cfg.arm}, "
           f"{model.cfg.num_hidden_layers} layers x {model.cfg.num_heads} heads, {n_params:,} parameters")

@@ -27,10 +27,13 @@ def read_log(out_dir) -> list[dict]:
     return records
 
 
-def truncate_log(out_dir: Path, step: int) -> None:
-    """Keep only records of steps ``<= step`` (a crash after a checkpoint leaves later ones)."""
-    kept = [r for r in read_log(out_dir) if r["step"] <= step]
+def truncate_log(out_dir: Path, step: int) -> int:
+    """Keep only records of steps ``<= step`` (a crash after a checkpoint leaves later ones);
+    returns how many records were dropped (the caller says so in ``train.log``)."""
+    records = read_log(out_dir)
+    kept = [r for r in records if r["step"] <= step]
     (Path(out_dir) / LOG_NAME).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return len(records) - len(kept)
 
 
 def note(out_dir: Path, message: str) -> None:

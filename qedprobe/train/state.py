@@ -58,14 +58,28 @@ def save_checkpoint(out: Path, step: int, save_model, trainer_state: dict) -> Pa
     return final
 
 
+def complete_checkpoints(out: Path) -> list[Path]:
+    """The ``step-NNNNNN`` folders of ``out`` that hold both the weights and the trainer state,
+    oldest first (a folder left half-written by hand or by a full disk is skipped)."""
+    found = [p for p in Path(out).glob("step-" + "[0-9]" * 6)
+             if (p / STATE_NAME).is_file() and (p / WEIGHTS_NAME).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
 def load_latest(out: Path) -> tuple[Path, dict] | None:
-    """``(folder, trainer_state)`` of ``out/latest``, or None when ``out`` has no checkpoint."""
+    """``(folder, trainer_state)`` to resume from: ``out/latest``, or, when that link is absent,
+    the newest of :func:`complete_checkpoints`; None when ``out`` has no checkpoint."""
     link = out / LATEST
-    if not link.is_symlink() and not link.exists():
-        return None
-    folder = link.resolve()
-    if not folder.is_dir():
-        raise ValueError(f"{link} points to {folder}, which is missing; restore it or remove {link}")
+    if link.is_symlink() or link.exists():
+        folder = link.resolve()
+        if not folder.is_dir():
+            raise ValueError(f"{link} points to {folder}, which is missing; restore it, or remove {link} "
+                             "to resume from the newest complete step-NNNNNN folder")
+    else:
+        found = complete_checkpoints(out)
+        if not found:
+            return None
+        folder = found[-1]
     state_file = folder / STATE_NAME
     if not state_file.is_file():
         raise ValueError(f"checkpoint {folder} has no {STATE_NAME}")

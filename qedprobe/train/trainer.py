@@ -19,11 +19,13 @@ Files in ``out_dir``:
   steps, ``loss``, ``answer_loss``, ``answer_acc`` (teacher-forced, per answer token), ``lr``,
   ``theta_lr``, ``grad_norm``, ``lambda_mean``, ``tokens``, ``wall_s`` (cumulative), ``step_s`` (seconds since the previous record));
 * ``train.log``: what happened (start, resume, warnings, checkpoints);
-* ``train_config.json``, ``step-NNNNNN/`` and ``latest`` (see :mod:`qedprobe.train.state`).
+* ``train_config.json``, ``step-NNNNNN/`` and ``latest`` (see :mod:`qedprobe.train.state`);
+* ``.lock``: held while a run trains, so a second run into the same folder is refused.
 
 Resume: calling :func:`train` again on the same ``out_dir`` with the same config restores the
-model, optimizer, scheduler, RNG states and data position (the step) from ``latest``, drops log
-records past that step, and continues; the result is bit-identical to an uninterrupted run on
+model, optimizer, scheduler, RNG states and data position (the step) from ``latest`` (or, with
+that link removed, the newest complete ``step-NNNNNN``), drops log records past that step
+(saying so in ``train.log``), and continues; the result is bit-identical to an uninterrupted run on
 the same device and thread count.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from qedprobe.folderlock import lock_folder
 from qedprobe.lam import param_groups
 from qedprobe.model import QEDConfig, QEDModel
 
@@ -189,7 +192,17 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
         raise ValueError(f"train: `max_seconds` must be positive or None, got {max_seconds!r}")
     out_dir = Path(out_dir)
     export_dir = out_dir / "final" if export_dir is None else Path(export_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = lock_folder(out_dir)
+    if lock is None:
+        raise ValueError(f"train: another training is writing into {out_dir}; wait for it or use a new `out_dir`")
+    try:
+        return _train(cfg, out_dir, export_dir, until_step, max_seconds, callback)
+    finally:
+        lock.close()
+
+
+def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_seconds, callback) -> TrainResult:
+    """:func:`train` in the locked ``out_dir``."""
     device = resolve_device(cfg.device)
     amp = device.type == "cuda"
     data = TrainData(cfg.seq_len, cfg.mixture, cfg.seed, cfg.tokenizer)
@@ -212,7 +225,9 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
         note(out_dir, f"resumed from {folder.name} (step {start})")
     else:
         note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device}")
-    truncate_log(out_dir, start)
+    dropped = truncate_log(out_dir, start)
+    if dropped:
+        note(out_dir, f"dropped {dropped} loss.jsonl records past step {start} (the resume point)")
     cfg.save(out_dir / "train_config.json")
     configured_op = model.cfg.op_mode
     op_used = _choose_op(cfg, model, device, torch.bfloat16 if amp else torch.float32, out_dir)

@@ -1,0 +1,62 @@
+"""What every ``qedprobe`` sub-command shares: help that shows defaults, one-line errors in
+the CLI's own words, output-folder checks, and negative number lists as option values."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["HelpFormatter", "fail", "cli_words", "check_out_folder", "join_negative_values"]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``(default: X)`` after every option whose default is a value (not None, not a flag's
+    False, not already stated in the help); descriptions keep their line breaks."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+
+def cli_words(message, flags: dict) -> str:
+    """``message`` with Python argument names (```name``` or ``name=True``) replaced by their
+    CLI flags; ``flags`` maps argument name -> flag (``{"allow_extrapolation": "--allow-extrapolation"}``)."""
+    text = str(message)
+    for name, flag in flags.items():
+        text = text.replace(f"{name}=True", flag).replace(f"`{name}`", flag)
+    return text
+
+
+def fail(cmd: str, message, flags: dict | None = None) -> int:
+    """Print ``qedprobe CMD: error: MESSAGE`` (in CLI words) to stderr; returns the exit status 2."""
+    print(f"qedprobe {cmd}: error: {cli_words(message, flags or {})}", file=sys.stderr)
+    return 2
+
+
+def check_out_folder(path, flag="--out") -> None:
+    """Refuse an output folder that exists as something else or cannot be created (ValueError)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} exists and is not a folder")
+    parent = next((a for a in (p, *p.parents) if a.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: {str(parent)!r} is not a folder")
+
+
+_NEGATIVE_LIST = re.compile(r"^-\d[\d.eE+-]*(,\s*-?[\d.eE+-]+)+$")
+
+
+def join_negative_values(argv) -> list[str]:
+    """``["--strengths", "-1,0,1"]`` -> ``["--strengths=-1,0,1"]``: argparse takes a value that
+    starts with ``-`` and is not a plain number for an option, so a negative list needs ``=``."""
+    out = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE_LIST.match(token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
