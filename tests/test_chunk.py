@@ -10,204 +10,147 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
-from _gpu import gpu, long_check, low_precision
-
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
-PROBES = ("rho", "d", "Sd", "e")
-
-
-def make_inputs(B=2, T=100, H=2, K=16, V=32, dtype=torch.float64, gmin=0.2, gmax=0.0, seed=0,
-                device=DEV, lam_token=False):
-    gen = torch.Generator().manual_seed(seed)
-
-    def r(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
-
-    def u(*s):
-        return torch.rand(*s, generator=gen, dtype=torch.float64)
-
-    x = dict(
-        q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V),
-        g=-(gmax + (gmin - gmax) * u(B, T, H, K)),
-        b=u(B, T, H, K), w=u(B, T, H, V),
-        lam=(0.05 + 0.4 * u(B, T, H)) if lam_token else (0.05 + 0.4 * u(H)),
-    )
-    return {n: t.to(device=device, dtype=dtype) for n, t in x.items()}
-
-
-def unit_z(H, K, dtype=torch.float64, device=DEV, seed=1):
-    z = torch.randn(H, K, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return (z / z.norm(dim=-1, keepdim=True)).to(device=device, dtype=dtype)
-
-
-def args(x):
-    return x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lam"]
-
-
-def maxdiff(a, b):
-    return (a.double() - b.double()).abs().max().item()
-
-
-def relerr(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def assert_same(got, ref, tol=1e-10):
-    o, s, p = got
-    o2, s2, p2 = ref
-    assert o.dtype == o2.dtype and o.shape == o2.shape
-    assert maxdiff(o, o2) < tol, maxdiff(o, o2)
-    if s2 is not None:
-        assert s.dtype == s2.dtype and s.shape == s2.shape
-        assert maxdiff(s, s2) < tol, maxdiff(s, s2)
-    else:
-        assert s is None
-    if p2 is not None:
-        for n in PROBES:
-            assert p[n].dtype == p2[n].dtype and p[n].shape == p2[n].shape, n
-            assert maxdiff(p[n], p2[n]) < tol, (n, maxdiff(p[n], p2[n]))
-    else:
-        assert p is None
-
+from helpers import (DEVICE, PROBES, assert_close, assert_outputs_close, chunk_inputs, gpu, long_check,
+                     low_precision, max_diff, op_args, rel_err, z_for)
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_arm_float64(arm):
-    x = make_inputs(seed=ARMS.index(arm))
+    x = chunk_inputs(seed=ARMS.index(arm))
     H, K, V = 2, 16, 32
-    z = unit_z(H, K) if arm == "rand" else None
-    h0 = torch.randn(2, H, K, V, dtype=torch.float64, device=DEV)
+    z = z_for(arm, H, K, seed=1, device=DEVICE)
+    h0 = torch.randn(2, H, K, V, dtype=torch.float64, device=DEVICE)
     kw = dict(arm=arm, z=z, initial_state=h0, output_final_state=True, return_probes=True)
-    got = qed_chunk(*args(x), **kw)
-    ref = qed_naive(*args(x), **kw)
-    assert_same(got, ref)
+    got = qed_chunk(*op_args(x), **kw)
+    ref = qed_naive(*op_args(x), **kw)
+    assert_outputs_close(got, ref, atol=1e-10)
     assert got[1].dtype == torch.float64 and got[2]["Sd"].dtype == torch.float64
     if arm != "gdn2":
         assert got[2]["Sd"].abs().max() > 1e-3  # the probe is not trivially zero
 
 
 def test_per_token_lam_and_options():
-    x = make_inputs(B=1, T=77, K=32, V=16, lam_token=True, seed=3)
+    x = chunk_inputs(B=1, T=77, K=32, V=16, lam_token=True, seed=3)
     kw = dict(arm="full", scale=0.3, output_final_state=True, return_probes=True)
-    assert_same(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw))
+    assert_outputs_close(qed_chunk(*op_args(x), **kw), qed_naive(*op_args(x), **kw), atol=1e-10)
     kw = dict(arm="nogate", use_qk_l2norm=False, output_final_state=True)
     x["q"], x["k"] = x["q"] * 0.2, x["k"] * 0.2
-    assert_same(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw))
+    assert_outputs_close(qed_chunk(*op_args(x), **kw), qed_naive(*op_args(x), **kw), atol=1e-10)
 
 
 def test_d_override():
-    x = make_inputs(seed=4)
+    x = chunk_inputs(seed=4)
     d = torch.randn_like(x["q"]) * 0.5
     kw = dict(arm="full", d=d, output_final_state=True, return_probes=True)
-    got = qed_chunk(*args(x), **kw)
-    assert_same(got, qed_naive(*args(x), **kw))
-    assert maxdiff(got[2]["d"], d) == 0.0
+    got = qed_chunk(*op_args(x), **kw)
+    assert_outputs_close(got, qed_naive(*op_args(x), **kw), atol=1e-10)
+    assert max_diff(got[2]["d"], d) == 0.0
 
 
 def test_state_carry_two_halves():
-    x = make_inputs(B=2, T=100, seed=5)
-    h0 = torch.randn(2, 2, 16, 32, dtype=torch.float64, device=DEV)
-    whole = qed_chunk(*args(x), initial_state=h0, output_final_state=True, return_probes=True)
+    x = chunk_inputs(B=2, T=100, seed=5)
+    h0 = torch.randn(2, 2, 16, 32, dtype=torch.float64, device=DEVICE)
+    whole = qed_chunk(*op_args(x), initial_state=h0, output_final_state=True, return_probes=True)
     cut = 37
     first = {n: (t[:, :cut] if n != "lam" else t) for n, t in x.items()}
     second = {n: (t[:, cut:] if n != "lam" else t) for n, t in x.items()}
-    o1, s1, p1 = qed_chunk(*args(first), initial_state=h0, output_final_state=True, return_probes=True)
-    o2, s2, p2 = qed_chunk(*args(second), initial_state=s1, output_final_state=True, return_probes=True)
-    assert maxdiff(torch.cat([o1, o2], 1), whole[0]) < 1e-10
-    assert maxdiff(s2, whole[1]) < 1e-10
-    assert maxdiff(torch.cat([p1["Sd"], p2["Sd"]], 1), whole[2]["Sd"]) < 1e-10
+    o1, s1, p1 = qed_chunk(*op_args(first), initial_state=h0, output_final_state=True, return_probes=True)
+    o2, s2, p2 = qed_chunk(*op_args(second), initial_state=s1, output_final_state=True, return_probes=True)
+    assert max_diff(torch.cat([o1, o2], 1), whole[0]) < 1e-10
+    assert max_diff(s2, whole[1]) < 1e-10
+    assert max_diff(torch.cat([p1["Sd"], p2["Sd"]], 1), whole[2]["Sd"]) < 1e-10
 
 
 def test_varlen_equals_separate_runs():
     lens = [37, 64, 70, 1]
     T = sum(lens)
-    x = make_inputs(B=1, T=T, seed=6, lam_token=True)
-    cu = torch.tensor([0, 37, 101, 171, 172], dtype=torch.int32, device=DEV)
-    h0 = torch.randn(len(lens), 2, 16, 32, dtype=torch.float64, device=DEV)
+    x = chunk_inputs(B=1, T=T, seed=6, lam_token=True)
+    cu = torch.tensor([0, 37, 101, 171, 172], dtype=torch.int32, device=DEVICE)
+    h0 = torch.randn(len(lens), 2, 16, 32, dtype=torch.float64, device=DEVICE)
     kw = dict(arm="full", output_final_state=True, return_probes=True)
-    o, s, p = qed_chunk(*args(x), cu_seqlens=cu, initial_state=h0, **kw)
-    assert_same((o, s, p), qed_naive(*args(x), cu_seqlens=cu, initial_state=h0, **kw))
+    o, s, p = qed_chunk(*op_args(x), cu_seqlens=cu, initial_state=h0, **kw)
+    assert_outputs_close((o, s, p), qed_naive(*op_args(x), cu_seqlens=cu, initial_state=h0, **kw), atol=1e-10)
     for n in range(len(lens)):
         a, e = cu[n].item(), cu[n + 1].item()
         xs = {m: t[:, a:e] for m, t in x.items()}
-        on, sn, pn = qed_chunk(*args(xs), initial_state=h0[n:n + 1], **kw)
-        assert maxdiff(on, o[:, a:e]) < 1e-10
-        assert maxdiff(sn, s[n:n + 1]) < 1e-10
-        assert maxdiff(pn["Sd"], p["Sd"][:, a:e]) < 1e-10
+        on, sn, pn = qed_chunk(*op_args(xs), initial_state=h0[n:n + 1], **kw)
+        assert max_diff(on, o[:, a:e]) < 1e-10
+        assert max_diff(sn, s[n:n + 1]) < 1e-10
+        assert max_diff(pn["Sd"], p["Sd"][:, a:e]) < 1e-10
 
 
 @pytest.mark.parametrize("gmin,gmax", [(20.0, 0.0), (0.0, 0.0), (20.0, 15.0)])
 def test_strong_and_zero_decay(gmin, gmax):
-    x = make_inputs(B=1, T=90, gmin=gmin, gmax=gmax, seed=7)
+    x = chunk_inputs(B=1, T=90, gmin=gmin, gmax=gmax, seed=7)
     if gmin > 0 and gmax == 0:
         x["g"][..., :4] = 0.0  # some channels never decay, others lose up to 20 nats per token
-    h0 = torch.randn(1, 2, 16, 32, dtype=torch.float64, device=DEV)
+    h0 = torch.randn(1, 2, 16, 32, dtype=torch.float64, device=DEVICE)
     kw = dict(arm="full", initial_state=h0, output_final_state=True, return_probes=True)
-    got = qed_chunk(*args(x), **kw)
+    got = qed_chunk(*op_args(x), **kw)
     assert all(torch.isfinite(t).all() for t in (got[0], got[1], *got[2].values()))
-    assert_same(got, qed_naive(*args(x), **kw))
+    assert_outputs_close(got, qed_naive(*op_args(x), **kw), atol=1e-10)
 
 
 @pytest.mark.parametrize("K,V,T", [(20, 24, 33), (64, 16, 65)])
 def test_odd_sizes(K, V, T):
-    x = make_inputs(B=1, T=T, K=K, V=V, seed=8)
+    x = chunk_inputs(B=1, T=T, K=K, V=V, seed=8)
     kw = dict(arm="noproj", output_final_state=True, return_probes=True)
-    assert_same(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw))
+    assert_outputs_close(qed_chunk(*op_args(x), **kw), qed_naive(*op_args(x), **kw), atol=1e-10)
 
 
 def test_probes_off_same_output():
-    x = make_inputs(B=1, T=70, seed=9)
-    o, s, p = qed_chunk(*args(x), arm="full")
+    x = chunk_inputs(B=1, T=70, seed=9)
+    o, s, p = qed_chunk(*op_args(x), arm="full")
     assert s is None and p is None
-    o2, _, p2 = qed_chunk(*args(x), arm="full", return_probes=True)
-    assert maxdiff(o, o2) == 0.0 and p2 is not None
+    o2, _, p2 = qed_chunk(*op_args(x), arm="full", return_probes=True)
+    assert max_diff(o, o2) == 0.0 and p2 is not None
 
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 5e-3), (torch.bfloat16, 2e-2)])
 def test_low_precision_vs_float64(dtype, bound):
-    x, ref_in = low_precision(make_inputs(B=1, T=100, seed=10), dtype)  # ref_in: same values, float64
-    h0 = torch.randn(1, 2, 16, 32, device=DEV)
+    x, ref_in = low_precision(chunk_inputs(B=1, T=100, seed=10), dtype)  # ref_in: same values, float64
+    h0 = torch.randn(1, 2, 16, 32, device=DEVICE)
     kw = dict(arm="full", output_final_state=True, return_probes=True)
-    o, s, p = qed_chunk(*args(x), initial_state=h0, **kw)
-    o2, s2, p2 = qed_naive(*args(ref_in), initial_state=h0.double(), **kw)
+    o, s, p = qed_chunk(*op_args(x), initial_state=h0, **kw)
+    o2, s2, p2 = qed_naive(*op_args(ref_in), initial_state=h0.double(), **kw)
     assert o.dtype == dtype and s.dtype == torch.float32 and p["Sd"].dtype == torch.float32
-    assert relerr(o, o2) < bound
-    assert relerr(s, s2) < bound
+    assert_close("o", o, o2, bound)
+    assert_close("state", s, s2, bound)
     for n in PROBES:
-        assert relerr(p[n], p2[n]) < bound, n
+        assert_close(n, p[n], p2[n], bound)
 
 
 def test_rejects_bad_input():
-    x = make_inputs(B=1, T=8, seed=11)
+    x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):
-        qed_chunk(*args(x), arm="rand")  # z missing
+        qed_chunk(*op_args(x), arm="rand")  # z missing
     with pytest.raises(ValueError):
-        qed_chunk(*args(x), arm="bogus")
+        qed_chunk(*op_args(x), arm="bogus")
 
 
 # ----------------------------------------------------------------------------------------- GPU
 @long_check([(torch.float32, 5e-3), (torch.bfloat16, 2e-2)])
 def test_gpu_long_vs_naive(dtype, bound, arm):
     B, T, H, K, V = 1, 4096, 2, 128, 128
-    x64 = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=20, device="cuda")
+    x64 = chunk_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=20, device="cuda")
     x, ref_in = low_precision(x64, dtype)
     h0 = torch.randn(B, H, K, V, device="cuda")
     kw = dict(arm=arm, output_final_state=True, return_probes=True)
-    o, s, p = qed_chunk(*args(x), initial_state=h0, **kw)
-    o2, s2, p2 = qed_naive(*args(ref_in), initial_state=h0.double(), **kw)
-    errs = {n: relerr(p[n], p2[n]) for n in PROBES}
-    print(f"T={T} {dtype} {arm}: rel err o {relerr(o, o2):.2e}, state {relerr(s, s2):.2e}, probes {errs}")
-    assert relerr(o, o2) < bound and relerr(s, s2) < bound
+    o, s, p = qed_chunk(*op_args(x), initial_state=h0, **kw)
+    o2, s2, p2 = qed_naive(*op_args(ref_in), initial_state=h0.double(), **kw)
+    errs = {n: rel_err(p[n], p2[n]) for n in PROBES}
+    print(f"T={T} {dtype} {arm}: rel err o {rel_err(o, o2):.2e}, state {rel_err(s, s2):.2e}, probes {errs}")
+    assert_close("o", o, o2, bound)
+    assert_close("state", s, s2, bound)
     for n in PROBES:
-        assert relerr(p[n], p2[n]) < bound, n
+        assert_close(n, p[n], p2[n], bound)
 
 
 @gpu
 def test_gpu_float64_and_varlen():
-    x = make_inputs(B=1, T=1000, H=2, K=128, V=64, gmin=3.0, seed=21, device="cuda")
+    x = chunk_inputs(B=1, T=1000, H=2, K=128, V=64, gmin=3.0, seed=21, device="cuda")
     cu = torch.tensor([0, 100, 433, 1000], dtype=torch.int32, device="cuda")
     kw = dict(arm="full", cu_seqlens=cu, output_final_state=True, return_probes=True)
-    assert_same(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw), tol=1e-9)
+    assert_outputs_close(qed_chunk(*op_args(x), **kw), qed_naive(*op_args(x), **kw), atol=1e-9)
 
 
 @gpu
@@ -215,7 +158,7 @@ def test_gpu_vs_fla_gdn2():
     """arm="gdn2", and arm="full" with lam = 0, equal fla's chunk_gdn2 (bf16, the benchmark's H, K, V)."""
     fla = pytest.importorskip("fla.ops.gdn2")
     B, T, H, K, V = 2, 4096, 16, 128, 128
-    x = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=22, device="cuda", dtype=torch.bfloat16)
+    x = chunk_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=22, device="cuda", dtype=torch.bfloat16)
     x["g"] = x["g"].float()
     h0 = torch.randn(B, H, K, V, device="cuda")
     o_f, s_f = fla.chunk_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], initial_state=h0,
@@ -223,9 +166,9 @@ def test_gpu_vs_fla_gdn2():
     for arm, lam in (("gdn2", x["lam"]), ("full", torch.zeros_like(x["lam"]))):
         o, s, _ = qed_chunk(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], lam, arm=arm,
                             initial_state=h0, output_final_state=True)
-        print(f"vs fla chunk_gdn2 ({arm}): rel err o {relerr(o, o_f):.2e}, state {relerr(s, s_f):.2e}")
-        assert relerr(o, o_f) < 2e-2, arm
-        assert relerr(s, s_f) < 2e-2, arm
+        print(f"vs fla chunk_gdn2 ({arm}): rel err o {rel_err(o, o_f):.2e}, state {rel_err(s, s_f):.2e}")
+        assert_close(f"o ({arm})", o, o_f, 2e-2)
+        assert_close(f"state ({arm})", s, s_f, 2e-2)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -233,7 +176,7 @@ def test_gpu_second_device_gives_the_same_results():
     """Inputs on cuda:1 with cuda:0 current: the kernels must run on cuda:1 (forward and backward)."""
     from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
 
-    x0 = make_inputs(B=2, T=300, H=2, K=64, V=64, seed=23, device="cuda:0", dtype=torch.float32)
+    x0 = chunk_inputs(B=2, T=300, H=2, K=64, V=64, seed=23, device="cuda:0", dtype=torch.float32)
     x1 = {n: t.to("cuda:1") for n, t in x0.items()}
     for op in (qed_chunk, qed_recurrent):
         o0 = op(*x0.values())[0]

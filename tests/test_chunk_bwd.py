@@ -11,15 +11,12 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
-from _gpu import gpu, long_check, low_precision
-from test_chunk import DEV, args, make_inputs, maxdiff, relerr, unit_z
-
-NAMES = ("q", "k", "v", "g", "b", "w", "lam")
-
+from helpers import (DEVICE, OP_INPUTS, assert_close, chunk_inputs, gpu, long_check, low_precision, max_diff,
+                     op_args, rel_err, z_for)
 
 def grads(op, x, kw, h0=None, extra=(), seed=5, use_o=True, use_state=True):
     """Gradients of ``<o, do> + <final_state, dht>`` w.r.t. ``x``'s tensors, ``extra``, ``h0``."""
-    leaves = [x[n].detach().requires_grad_(True) for n in NAMES]
+    leaves = [x[n].detach().requires_grad_(True) for n in OP_INPUTS]
     extra = [t.detach().requires_grad_(True) for t in extra]
     h0 = h0.detach().requires_grad_(True) if h0 is not None else None
     if extra:
@@ -38,10 +35,10 @@ def grads(op, x, kw, h0=None, extra=(), seed=5, use_o=True, use_state=True):
 def assert_grads(x, kw, tol=1e-9, **opts):
     got, _ = grads(qed_chunk, x, kw, **opts)
     ref, _ = grads(qed_naive, x, kw, **opts)
-    names = list(NAMES) + ["d"] * len(opts.get("extra", ())) + ["h0"] * (opts.get("h0") is not None)
+    names = list(OP_INPUTS) + ["d"] * len(opts.get("extra", ())) + ["h0"] * (opts.get("h0") is not None)
     for n, a, b in zip(names, got, ref):
         assert a.shape == b.shape and a.dtype == b.dtype, n
-        assert maxdiff(a, b) < tol * max(1., b.abs().max().item()), (n, maxdiff(a, b))
+        assert max_diff(a, b) < tol * max(1., b.abs().max().item()), (n, max_diff(a, b))
 
 
 def state(x, N, seed=3):
@@ -52,80 +49,80 @@ def state(x, N, seed=3):
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_arm_float64(arm):
-    x = make_inputs(B=2, T=70, H=1, K=16, V=16, seed=30 + ARMS.index(arm))
-    kw = dict(arm=arm, z=unit_z(1, 16) if arm == "rand" else None)
+    x = chunk_inputs(B=2, T=70, H=1, K=16, V=16, seed=30 + ARMS.index(arm))
+    kw = dict(arm=arm, z=z_for(arm, 1, 16, seed=1, device=DEVICE))
     assert_grads(x, kw, h0=state(x, 2))
 
 
 def test_per_token_lam_no_l2norm_and_d_override():
-    x = make_inputs(B=1, T=70, H=2, K=16, V=16, seed=40, lam_token=True)
+    x = chunk_inputs(B=1, T=70, H=2, K=16, V=16, seed=40, lam_token=True)
     assert_grads(x, dict(arm="full", use_qk_l2norm=False, scale=0.3), h0=state(x, 1))
-    d = make_inputs(B=1, T=70, H=2, K=16, V=16, seed=41)["q"] * 0.3
+    d = chunk_inputs(B=1, T=70, H=2, K=16, V=16, seed=41)["q"] * 0.3
     assert_grads(x, dict(arm="full"), extra=(d,))
 
 
 def test_varlen():
-    x = make_inputs(B=1, T=130, H=1, K=16, V=16, seed=42, gmin=1.0)
-    cu = torch.tensor([0, 30, 97, 130], dtype=torch.int32, device=DEV)
+    x = chunk_inputs(B=1, T=130, H=1, K=16, V=16, seed=42, gmin=1.0)
+    cu = torch.tensor([0, 30, 97, 130], dtype=torch.int32, device=DEVICE)
     assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
 
 
 def test_several_key_and_value_slices():
     """K, V beyond one 32-channel slice (and not powers of two): per-slice loops and the
     per-value-block partial sums."""
-    x = make_inputs(B=1, T=70, H=1, K=48, V=40, seed=47)
+    x = chunk_inputs(B=1, T=70, H=1, K=48, V=40, seed=47)
     assert_grads(x, dict(arm="full"), h0=state(x, 1))
 
 
 @pytest.mark.parametrize("gmin,gmax", [(40.0, 5.0), (0.0, 0.0)])
 def test_strong_and_zero_decay(gmin, gmax):
-    x = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=43, gmin=gmin, gmax=gmax)
+    x = chunk_inputs(B=1, T=70, H=1, K=16, V=16, seed=43, gmin=gmin, gmax=gmax)
     assert_grads(x, dict(arm="noproj"), h0=state(x, 1))
 
 
 def test_only_output_or_only_state_gradient():
-    x = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=44)
+    x = chunk_inputs(B=1, T=70, H=1, K=16, V=16, seed=44)
     assert_grads(x, dict(arm="full"), use_state=False)
     assert_grads(x, dict(arm="full"), h0=state(x, 1), use_o=False)
 
 
 def test_probes_are_not_differentiable():
-    x = make_inputs(B=1, T=20, H=1, K=16, V=16, seed=45)
+    x = chunk_inputs(B=1, T=20, H=1, K=16, V=16, seed=45)
     _, p = grads(qed_chunk, x, dict(arm="full", return_probes=True))
     assert all(not t.requires_grad for t in p.values())
     leaves = {n: t.requires_grad_(True) for n, t in x.items()}
     with torch.no_grad():
-        o, _, _ = qed_chunk(*args(leaves))
+        o, _, _ = qed_chunk(*op_args(leaves))
     assert o.grad_fn is None
 
 
 def test_float32_vs_float64():
-    x64 = make_inputs(B=1, T=70, H=1, K=16, V=16, seed=46)
+    x64 = chunk_inputs(B=1, T=70, H=1, K=16, V=16, seed=46)
     x32 = {n: t.float() for n, t in x64.items()}
     got, _ = grads(qed_chunk, x32, dict(arm="full"), use_state=False)
     ref, _ = grads(qed_naive, x64, dict(arm="full"), use_state=False)
-    for n, a, b in zip(NAMES, got, ref):
+    for n, a, b in zip(OP_INPUTS, got, ref):
         assert a.dtype == torch.float32
-        assert relerr(a, b) < 1e-4, (n, relerr(a, b))
+        assert_close(f"d{n}", a, b, 1e-4)
 
 
 # ----------------------------------------------------------------------------------------- GPU
 @long_check([(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
 def test_gpu_long_vs_naive(dtype, bound, arm):
     B, T, H, K, V = 1, 2048, 2, 128, 128
-    x64 = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=50, device="cuda")
+    x64 = chunk_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=50, device="cuda")
     x, ref_in = low_precision(x64, dtype)
     h0 = state(x64, B).float()
     got, _ = grads(qed_chunk, x, dict(arm=arm), h0=h0)
     ref, _ = grads(qed_naive, ref_in, dict(arm=arm), h0=h0.double())
-    errs = {n: relerr(a, b) for n, a, b in zip(NAMES + ("h0",), got, ref)}
+    errs = {n: rel_err(a, b) for n, a, b in zip(OP_INPUTS + ("h0",), got, ref)}
     print(f"T={T} {dtype} {arm}: grad rel errs {errs}")
     assert all(e < bound for e in errs.values()), errs
 
 
 @gpu
 def test_gpu_float64_varlen():
-    x = make_inputs(B=1, T=1000, H=2, K=64, V=64, gmin=3.0, seed=51, device="cuda")
+    x = chunk_inputs(B=1, T=1000, H=2, K=64, V=64, gmin=3.0, seed=51, device="cuda")
     cu = torch.tensor([0, 100, 433, 1000], dtype=torch.int32, device="cuda")
     assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
 
@@ -136,7 +133,7 @@ def test_gpu_vs_fla_gdn2_backward():
     K=V=128; lam's own gradient is not compared)."""
     fla = pytest.importorskip("fla.ops.gdn2")
     B, T, H, K, V = 2, 2048, 4, 128, 128
-    x = make_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=52, device="cuda", dtype=torch.bfloat16)
+    x = chunk_inputs(B=B, T=T, H=H, K=K, V=V, gmin=0.1, seed=52, device="cuda", dtype=torch.bfloat16)
     x["g"] = x["g"].float()
     h0 = state(x, B).float()
 
@@ -148,8 +145,8 @@ def test_gpu_vs_fla_gdn2_backward():
     ref, _ = grads(fla_op, x, dict(arm="gdn2"), h0=h0)
     for arm, lam in (("gdn2", x["lam"]), ("full", torch.zeros_like(x["lam"]))):
         got, _ = grads(qed_chunk, dict(x, lam=lam), dict(arm=arm), h0=h0)
-        for n, a, b in zip(NAMES + ("h0",), got, ref):
+        for n, a, b in zip(OP_INPUTS + ("h0",), got, ref):
             if n == "lam":
                 continue
-            print(f"vs fla chunk_gdn2 backward ({arm}): d{n} rel err {relerr(a, b):.2e}")
-            assert relerr(a, b) < 3e-2, (arm, n)
+            print(f"vs fla chunk_gdn2 backward ({arm}): d{n} rel err {rel_err(a, b):.2e}")
+            assert_close(f"d{n} ({arm})", a, b, 3e-2)

@@ -2,47 +2,35 @@
 import pytest
 import torch
 
-from qedprobe.lam import random_directions
 from qedprobe.ops import ARMS, qed_attention, qed_chunk_torch, qed_naive
 
-from test_naive import make_inputs
-
-F64 = torch.float64
+from helpers import F64, assert_outputs_close, make_inputs, op_args, z_for
 
 
 def both(x, **kw):
-    args = (x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lam"])
     kw = dict(output_final_state=True, return_probes=True, **kw)
-    return qed_chunk_torch(*args, **kw), qed_naive(*args, **kw)
-
-
-def assert_same(got, ref, atol=1e-12):
-    (o, s, p), (ro, rs, rp) = got, ref
-    torch.testing.assert_close(o, ro, rtol=0, atol=atol)
-    torch.testing.assert_close(s, rs, rtol=0, atol=atol)
-    for name in ("rho", "d", "Sd", "e"):
-        torch.testing.assert_close(p[name], rp[name], rtol=0, atol=atol)
+    return qed_chunk_torch(*op_args(x), **kw), qed_naive(*op_args(x), **kw)
 
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_arm_with_state_and_ragged_length(arm):
     x = make_inputs(B=2, T=71, H=2, K=8, V=6, seed=30)
-    z = random_directions(2, 8, seed=1).to(F64) if arm == "rand" else None
+    z = z_for(arm, 2, 8, seed=1)
     state = torch.randn(2, 2, 8, 6, dtype=F64, generator=torch.Generator().manual_seed(31))
-    assert_same(*both(x, arm=arm, z=z, initial_state=state))
+    assert_outputs_close(*both(x, arm=arm, z=z, initial_state=state), atol=1e-12)
 
 
 def test_per_token_lam_d_override_and_strong_decay():
-    x = make_inputs(B=1, T=40, H=2, K=4, V=3, seed=32, g_scale=20.0)
+    x = make_inputs(B=1, T=40, H=2, K=4, V=3, seed=32, gmin=20.0)
     x["g"][:, 5] = 0.0
     x["lam"] = torch.rand(1, 40, 2, dtype=F64) - 0.5
     d = torch.randn(1, 40, 2, 4, dtype=F64)
-    assert_same(*both(x, d=d))
+    assert_outputs_close(*both(x, d=d), atol=1e-12)
 
 
 def test_packed_sequences():
     x = make_inputs(B=1, T=50, H=2, K=4, V=3, seed=33)
-    assert_same(*both(x, cu_seqlens=torch.tensor([0, 7, 40, 50])))
+    assert_outputs_close(*both(x, cu_seqlens=torch.tensor([0, 7, 40, 50])), atol=1e-12)
 
 
 def test_gradients_equal_the_reference():
@@ -59,7 +47,6 @@ def test_gradients_equal_the_reference():
 
 def test_dispatcher_uses_the_chunked_path_on_cpu_and_refuses_unknown_modes():
     x = make_inputs(B=1, T=9, seed=35)
-    args = (x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lam"])
-    torch.testing.assert_close(qed_attention(*args)[0], qed_chunk_torch(*args)[0], rtol=0, atol=0)
+    torch.testing.assert_close(qed_attention(*op_args(x))[0], qed_chunk_torch(*op_args(x))[0], rtol=0, atol=0)
     with pytest.raises(ValueError, match="`mode`"):
-        qed_attention(*args, mode="fast")
+        qed_attention(*op_args(x), mode="fast")

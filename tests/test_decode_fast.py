@@ -5,8 +5,7 @@ import json
 import pytest
 import torch
 
-from _eval_helpers import tiny_model
-from _tiny import tiny
+from helpers import tiny, tiny_model
 from qedprobe.eval.sweep import SweepError, load_results, run_sweep
 from qedprobe.eval.tasks import NIAHTask
 from qedprobe.model import strength

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from _eval_helpers import saved_tiny_model, tiny_model
+from helpers import saved_tiny_model, tiny_model
 from qedprobe.eval import commands
 from qedprobe.eval.eig import BINS, EigAccumulator, run_eig, sigma_max_rank_one, task_batches, text_batches
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from _eval_helpers import saved_tiny_model, tiny_model
+from helpers import saved_tiny_model, tiny_model
 from qedprobe.eval import commands
 from qedprobe.eval.sweep import ResultsStore, SweepError, load_results, run_sweep
 

@@ -4,56 +4,28 @@ On CPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_IN
 CUDA on the GPU: float64 inputs must match the float64 reference to ~1e-12 either way.
 ``TestGPU`` (long sequences, bf16, fla) runs only with CUDA.
 """
+from functools import partial
+
 import pytest
 import torch
 
 from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
-from qedprobe.lam import random_directions
 from qedprobe.ops import ARMS, qed_naive
 
-F64 = torch.float64
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from helpers import DEVICE, F64, assert_close, assert_outputs_close, make_inputs, op_args, rel_err, z_for
+
 TIGHT = dict(rtol=1e-12, atol=1e-12)
-
-
-def make_inputs(B=2, T=12, H=2, K=24, V=24, dtype=F64, seed=0, device=DEVICE):
-    gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
-    u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
-    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V), g=-0.5 * u(B, T, H, K),
-             b=u(B, T, H, K), w=u(B, T, H, V), lam=0.25 * u(H))
-    return {n: t.to(device=device, dtype=dtype) for n, t in x.items()}
+recurrent_inputs = partial(make_inputs, H=2, K=24, V=24, gmin=0.5, device=DEVICE)
+"""These tests' default sizes and decay; every call may override them."""
 
 
 def random_state(N, H, K, V, seed, dtype=F64, device=DEVICE):
     return torch.randn(N, H, K, V, generator=torch.Generator().manual_seed(seed), dtype=F64).to(device, dtype)
 
 
-def z_for(arm, H, K, dtype=F64, device=DEVICE):
-    return random_directions(H, K, seed=3).to(device, dtype) if arm == "rand" else None
-
-
 def both(x, **kw):
     """``(qed_recurrent(...), qed_naive(...))`` on the same inputs."""
-    args = [x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")]
-    return qed_recurrent(*args, **kw), qed_naive(*args, **kw)
-
-
-def assert_same(got, ref, **tol):
-    (o, s, p), (ro, rs, rp) = got, ref
-    torch.testing.assert_close(o, ro, **tol)
-    assert (s is None) == (rs is None) and (p is None) == (rp is None)
-    if s is not None:
-        torch.testing.assert_close(s, rs, **tol)
-    if p is not None:
-        assert p.keys() == rp.keys()
-        for name in p:
-            torch.testing.assert_close(p[name], rp[name], **tol, msg=lambda m: f"probe {name}: {m}")
-
-
-def rel_err(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm()).item()
+    return qed_recurrent(*op_args(x), **kw), qed_naive(*op_args(x), **kw)
 
 
 # --- float64 in the interpreter: equal to the reference ------------------------------------------
@@ -61,11 +33,11 @@ def rel_err(x, ref):
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_arm_and_probe_matches_naive(arm):
     # K = V = 24: padded to 32 with masks; float64 uses BV = 16, so two value blocks share a head.
-    x = make_inputs(seed=1)
-    kw = dict(arm=arm, z=z_for(arm, 2, 24), initial_state=random_state(2, 2, 24, 24, seed=2),
+    x = recurrent_inputs(seed=1)
+    kw = dict(arm=arm, z=z_for(arm, 2, 24, device=DEVICE), initial_state=random_state(2, 2, 24, 24, seed=2),
               output_final_state=True, return_probes=True)
     got, ref = both(x, **kw)
-    assert_same(got, ref, **TIGHT)
+    assert_outputs_close(got, ref, **TIGHT)
     assert got[0].dtype == F64 and got[1].dtype == F64
     assert all(t.dtype == F64 for t in got[2].values())
 
@@ -87,31 +59,31 @@ def test_worked_example_from_the_paper():
 
 @pytest.mark.parametrize("arm", ["full", "nogate_noproj"])
 def test_per_token_lam(arm):
-    x = make_inputs(K=16, V=16, seed=3)
+    x = recurrent_inputs(K=16, V=16, seed=3)
     x["lam"] = torch.rand(2, 12, 2, dtype=F64, generator=torch.Generator().manual_seed(4)).to(DEVICE) - 0.5
-    assert_same(*both(x, arm=arm, output_final_state=True, return_probes=True), **TIGHT)
+    assert_outputs_close(*both(x, arm=arm, output_final_state=True, return_probes=True), **TIGHT)
 
 
 def test_d_override_is_used_as_given():
-    x = make_inputs(K=16, V=16, seed=5)
+    x = recurrent_inputs(K=16, V=16, seed=5)
     d = torch.randn(2, 12, 2, 16, dtype=F64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     got, ref = both(x, arm="gdn2", d=d, output_final_state=True, return_probes=True)
-    assert_same(got, ref, **TIGHT)
+    assert_outputs_close(got, ref, **TIGHT)
     torch.testing.assert_close(got[2]["d"], d, rtol=0, atol=0)
     plain, _ = both(x, arm="gdn2", output_final_state=True)
     assert rel_err(plain[0], got[0]) > 1e-3  # the direction really changed the output
 
 
 def test_no_l2norm_and_custom_scale():
-    x = make_inputs(K=16, V=24, seed=7)
+    x = recurrent_inputs(K=16, V=24, seed=7)
     x["q"], x["k"] = 0.3 * x["q"], 0.3 * x["k"]
     got, ref = both(x, arm="noproj", scale=0.7, use_qk_l2norm=False, output_final_state=True,
                     return_probes=True)
-    assert_same(got, ref, **TIGHT)
+    assert_outputs_close(got, ref, **TIGHT)
 
 
 def test_two_halves_with_state_equal_one_run():
-    x = make_inputs(T=16, seed=8)
+    x = recurrent_inputs(T=16, seed=8)
     h0 = random_state(2, 2, 24, 24, seed=9)
     o, s, p = qed_recurrent(*x.values(), initial_state=h0, output_final_state=True, return_probes=True)
     half = lambda sl: [t[:, sl] if t.dim() == 4 else t for t in x.values()]  # noqa: E731
@@ -123,7 +95,7 @@ def test_two_halves_with_state_equal_one_run():
 
 
 def test_decode_steps_equal_one_run():
-    x = make_inputs(T=6, K=16, V=16, seed=10)
+    x = recurrent_inputs(T=6, K=16, V=16, seed=10)
     x["lam"] = torch.rand(2, 6, 2, dtype=F64, generator=torch.Generator().manual_seed(11)).to(DEVICE)
     o, s, _ = qed_recurrent(*x.values(), output_final_state=True)
     state, outs = None, []
@@ -137,13 +109,13 @@ def test_decode_steps_equal_one_run():
 
 def test_cu_seqlens_equals_separate_runs():
     lengths = [5, 1, 9]
-    parts = [make_inputs(B=1, T=n, K=16, V=24, seed=20 + i) for i, n in enumerate(lengths)]
+    parts = [recurrent_inputs(B=1, T=n, K=16, V=24, seed=20 + i) for i, n in enumerate(lengths)]
     packed = {n: torch.cat([p_[n] for p_ in parts], 1) if n != "lam" else parts[0]["lam"] for n in parts[0]}
     states = random_state(3, 2, 16, 24, seed=14)
     cu = torch.tensor([0, 5, 6, 15], dtype=torch.int32, device=DEVICE)
-    kw = dict(arm="rand", z=z_for("rand", 2, 16), output_final_state=True, return_probes=True)
+    kw = dict(arm="rand", z=z_for("rand", 2, 16, device=DEVICE), output_final_state=True, return_probes=True)
     got, ref = both(packed, cu_seqlens=cu, initial_state=states, **kw)
-    assert_same(got, ref, **TIGHT)
+    assert_outputs_close(got, ref, **TIGHT)
     o, s, p = got
     for i, part in enumerate(parts):
         part["lam"] = packed["lam"]
@@ -156,24 +128,24 @@ def test_cu_seqlens_equals_separate_runs():
 
 
 def test_without_state_or_probes_returns_none():
-    x = make_inputs(T=4, K=16, V=16, seed=15)
+    x = recurrent_inputs(T=4, K=16, V=16, seed=15)
     (o, s, p), (ro, _, _) = both(x)
     assert s is None and p is None
     torch.testing.assert_close(o, ro, **TIGHT)
 
 
 def test_non_contiguous_inputs():
-    x = make_inputs(T=5, K=16, V=16, seed=16)
+    x = recurrent_inputs(T=5, K=16, V=16, seed=16)
     x = {n: t.transpose(1, 2).contiguous().transpose(1, 2) if t.dim() == 4 else t for n, t in x.items()}
     assert not x["q"].is_contiguous()
-    assert_same(*both(x, output_final_state=True), **TIGHT)
+    assert_outputs_close(*both(x, output_final_state=True), **TIGHT)
 
 
 # --- lower precision in the interpreter: float32 state against the float64 reference -----------
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
 def test_low_precision_against_float64(dtype, bound):
-    x = make_inputs(T=20, K=16, V=24, dtype=dtype, seed=17)
+    x = recurrent_inputs(T=20, K=16, V=24, dtype=dtype, seed=17)
     h0 = random_state(2, 2, 16, 24, seed=18, dtype=torch.float32)
     o, s, p = qed_recurrent(*x.values(), arm="full", initial_state=h0, output_final_state=True, return_probes=True)
     assert o.dtype == dtype and s.dtype == torch.float32
@@ -181,17 +153,17 @@ def test_low_precision_against_float64(dtype, bound):
     x64 = {n: t.double() for n, t in x.items()}
     ro, rs, rp = qed_naive(*x64.values(), arm="full", initial_state=h0.double(), output_final_state=True,
                            return_probes=True)
-    assert rel_err(o, ro) < bound
-    assert rel_err(s, rs) < 1e-5
+    assert_close("o", o, ro, bound)
+    assert_close("state", s, rs, 1e-5)
     for name in p:
-        assert rel_err(p[name], rp[name]) < 1e-5, name
+        assert_close(name, p[name], rp[name], 1e-5)
 
 
 def test_bad_input_is_refused_by_name():
-    x = make_inputs(T=2, K=8, V=8)
+    x = recurrent_inputs(T=2, K=8, V=8)
     with pytest.raises(ValueError, match=r"qed_recurrent: `k`"):
         qed_recurrent(x["q"], x["k"][:, :1], *[x[n] for n in ("v", "g", "b", "w", "lam")])
-    big = make_inputs(B=1, T=1, H=1, K=8, V=260)
+    big = recurrent_inputs(B=1, T=1, H=1, K=8, V=260)
     with pytest.raises(ValueError, match="at most 256"):
         qed_recurrent(*big.values())
 
@@ -203,7 +175,8 @@ class TestGPU:
     B, T, H, K, V = 2, 4096, 2, 64, 128
 
     def inputs(self, dtype, seed, T=None):
-        x = make_inputs(self.B, T or self.T, self.H, self.K, self.V, dtype=dtype, seed=seed, device="cuda")
+        x = recurrent_inputs(B=self.B, T=T or self.T, H=self.H, K=self.K, V=self.V, dtype=dtype, seed=seed,
+                             device="cuda")
         x["g"] = x["g"].float() * 0.1  # fla and the model pass float32 log-decay
         if dtype == F64:
             x["g"] = x["g"].double()
@@ -229,7 +202,7 @@ class TestGPU:
         x = self.inputs(F64, seed=32, T=64)
         x["lam"] = torch.rand(self.B, 64, self.H, dtype=F64, device="cuda")
         got, ref = both(x, arm="nogate", output_final_state=True, return_probes=True)
-        assert_same(got, ref, rtol=1e-10, atol=1e-10)
+        assert_outputs_close(got, ref, rtol=1e-10, atol=1e-10)
 
     def test_decode_steps_equal_one_run(self):
         x = self.inputs(torch.bfloat16, seed=33, T=8)

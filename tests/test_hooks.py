@@ -7,7 +7,7 @@ pytest.importorskip("transformer_lens", reason="the hooked model needs transform
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder, RunningStats, scale_lambda, zero_direction
 from qedprobe.model import strength
 
-from _tiny import ids, tiny
+from helpers import ids, tiny
 
 
 def test_running_stats_match_batch_statistics():

@@ -8,7 +8,7 @@ from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
 from qedprobe.model import QEDModel, strength
 from qedprobe.model import mixer as mixer_module
 
-from _tiny import ids, tiny
+from helpers import ids, tiny
 
 
 @pytest.fixture(scope="module")

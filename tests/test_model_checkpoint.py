@@ -14,7 +14,7 @@ from qedprobe.lam import random_directions
 from qedprobe.model import QEDConfig, QEDModel, strength
 from qedprobe.model.convert import convert, register
 
-from _tiny import ids, tiny
+from helpers import ids, tiny
 
 H, K, V, D = 2, 16, 16, 64
 

@@ -6,28 +6,12 @@ import pytest
 import torch
 
 from qedprobe.ops import ARMS, PROJECTED_ARMS, qed_naive, value_checks
-from qedprobe.lam import random_directions
 
-from _independent import independent_qed
-
-F64 = torch.float64
-
-
-def make_inputs(B=2, T=12, H=3, K=8, V=5, dtype=F64, seed=0, g_scale=1.0):
-    gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
-    u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
-    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V), g=-g_scale * u(B, T, H, K),
-             b=u(B, T, H, K), w=u(B, T, H, V), lam=0.25 * u(H))
-    return {n: t.to(dtype) for n, t in x.items()}
+from helpers import F64, independent_qed, make_inputs, op_args, z_for
 
 
 def call(x, **kw):
-    return qed_naive(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lam"], **kw)
-
-
-def z_for(arm, H, K):
-    return random_directions(H, K, seed=3).to(F64) if arm == "rand" else None
+    return qed_naive(*op_args(x), **kw)
 
 
 # --- the paper's worked examples -------------------------------------------------------------

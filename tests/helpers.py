@@ -1,0 +1,178 @@
+"""What the tests share: random op inputs, comparisons, the GPU marks, tiny models, and an
+independent NumPy oracle. Test modules import from here (``tests/conftest.py`` puts this folder
+on ``sys.path``), never from each other."""
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from qedprobe.lam import random_directions
+from qedprobe.model import QEDConfig, QEDModel
+from qedprobe.tokenizer import ByteTokenizer
+
+F64 = torch.float64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PROBES = ("rho", "d", "Sd", "e")
+OP_INPUTS = ("q", "k", "v", "g", "b", "w", "lam")
+
+
+# --- op inputs --------------------------------------------------------------------------------
+
+def make_inputs(B=2, T=12, H=3, K=8, V=5, *, dtype=F64, device="cpu", seed=0, gmin=1.0, gmax=0.0,
+                lam_min=0.0, lam_max=0.25, lam_token=False):
+    """The op's tensor inputs ``{q, k, v, g, b, w, lam}``, drawn in float64 from ``seed`` on the
+    CPU (the same values on any device), then moved to ``device`` and ``dtype``.
+
+    q, k, v ~ N(0, 1) (``[B, T, H, K]`` / ``[B, T, H, V]``); log-decay ``g`` uniform in
+    ``[-gmin, -gmax]``; b, w ~ U(0, 1); ``lam`` uniform in ``[lam_min, lam_max]``, ``[H]`` or, with
+    ``lam_token``, ``[B, T, H]``."""
+    gen = torch.Generator().manual_seed(seed)
+    r = partial(torch.randn, generator=gen, dtype=F64)
+    u = partial(torch.rand, generator=gen, dtype=F64)
+    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V), g=-(gmax + (gmin - gmax) * u(B, T, H, K)),
+             b=u(B, T, H, K), w=u(B, T, H, V),
+             lam=lam_min + (lam_max - lam_min) * (u(B, T, H) if lam_token else u(H)))
+    return {n: t.to(device=device, dtype=dtype) for n, t in x.items()}
+
+
+chunk_inputs = partial(make_inputs, T=100, H=2, K=16, V=32, device=DEVICE, gmin=0.2, lam_min=0.05, lam_max=0.45)
+"""The chunk kernel's inputs (forward and backward tests): T past one 64-token chunk."""
+
+
+def op_args(x):
+    """``x``'s tensors in the op's positional order ``q, k, v, g, b, w, lam``."""
+    return tuple(x[n] for n in OP_INPUTS)
+
+
+def z_for(arm, H, K, *, seed=3, dtype=F64, device="cpu"):
+    """The ``rand`` arm's fixed unit directions ``[H, K]`` (``None`` for the other arms)."""
+    return random_directions(H, K, seed=seed).to(device=device, dtype=dtype) if arm == "rand" else None
+
+
+def low_precision(x64, dtype):
+    """``(x, ref_in)``: ``x64``'s tensors in ``dtype`` (the log-decay ``g`` in float32, as models
+    pass it) and the reference inputs: the same rounded values in float64."""
+    x = {n: t.to(dtype) for n, t in x64.items()}
+    x["g"] = x64["g"].float()
+    return x, {n: t.double() for n, t in x.items()}
+
+
+# --- comparisons ------------------------------------------------------------------------------
+
+def max_diff(a, b):
+    """``max |a - b|`` in float64."""
+    return (a.double() - b.double()).abs().max().item()
+
+
+def rel_err(x, ref):
+    """``||x - ref|| / ||ref||`` (Frobenius) in float64."""
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+def assert_close(name, got, ref, bound):
+    """``rel_err(got, ref) < bound``, the message naming the tensor and its error (as fla's
+    ``assert_close`` for low-precision kernels against a float64 reference)."""
+    err = rel_err(got, ref)
+    assert err < bound, f"{name}: relative error {err:.3e} >= {bound:.1e}"
+
+
+def assert_outputs_close(got, ref, *, atol, rtol=0.0):
+    """Two ops' ``(o, final_state, probes)``: the same parts present, each with the same dtype and
+    shape and elementwise within ``atol + rtol * |ref|``."""
+    (o, s, p), (ro, rs, rp) = got, ref
+    torch.testing.assert_close(o, ro, rtol=rtol, atol=atol)
+    assert (s is None) == (rs is None) and (p is None) == (rp is None)
+    if s is not None:
+        torch.testing.assert_close(s, rs, rtol=rtol, atol=atol)
+    if p is not None:
+        assert p.keys() == rp.keys()
+        for name in p:
+            torch.testing.assert_close(p[name], rp[name], rtol=rtol, atol=atol, msg=lambda m: f"probe {name}: {m}")
+
+
+# --- GPU marks --------------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the GPU checks run the compiled kernels")
+LONG_ARMS = ("full", "nogate_noproj")
+
+
+def long_check(bounds):
+    """``@gpu``, parametrised over ``(dtype, bound)`` in ``bounds`` and over ``arm`` in ``LONG_ARMS``."""
+    def mark(test):
+        test = pytest.mark.parametrize("arm", LONG_ARMS)(test)
+        return gpu(pytest.mark.parametrize("dtype,bound", bounds)(test))
+    return mark
+
+
+# --- tiny models ------------------------------------------------------------------------------
+
+TINY = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16,
+            initializer_range=0.1)
+
+
+def tiny(arm="full", seed=0, theta=1.0, **kw):
+    """A 2-layer QED model (CPU, reference recurrence) with distinct per-head strengths."""
+    torch.manual_seed(seed)
+    model = QEDModel(QEDConfig(**{**TINY, "arm": arm, **kw}))
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.attn.theta is not None:  # distinct per-head strengths, lambda ~ 0.15 .. 0.2
+                block.attn.theta.copy_(theta + torch.linspace(-0.5, 0.5, model.cfg.num_heads))
+    return model.eval()
+
+
+def ids(B=2, T=11, seed=1, vocab=97):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def tiny_model(arm="full", seed=0):
+    """:func:`tiny` with a vocabulary that holds the byte tokenizer's ids (the eval tests)."""
+    return tiny(arm, seed, vocab_size=ByteTokenizer.vocab_size)
+
+
+def saved_tiny_model(folder, arm="full", seed=0):
+    tiny_model(arm, seed).save_pretrained(folder)
+    return str(folder)
+
+
+# --- an independent oracle --------------------------------------------------------------------
+
+def _unit(x):
+    return x / np.sqrt(x @ x + 1e-6)
+
+
+def _direction(arm, q, k, b, z):
+    P = np.eye(len(k)) - np.outer(k, k)
+    return {
+        "gdn2": np.zeros_like(q),
+        "nogate_noproj": q,
+        "nogate": P @ q,
+        "full": P @ np.diag(b) @ q,
+        "rand": P @ np.diag(b) @ z if z is not None else None,
+        "noproj": np.diag(b) @ q,
+    }[arm]
+
+
+def independent_qed(q, k, v, g, b, w, lam, arm, z=None, scale=None, state=None):
+    """QED in float64 NumPy from the paper's matrix form, the oracle of ``qed_naive``.
+
+    Per token: ``S_t = M_t D_t S_{t-1} + k_t (w_t v_t)^T`` with ``M_t = I - k_t a_t^T``,
+    ``D_t = Diag(exp g_t)`` and ``o_t = S_t^T (scale q_t)``; directions use the explicit projector
+    ``P_t = I - k_t k_t^T``. One sequence: q, k, g, b ``[T, H, K]``; v, w ``[T, H, V]``; lam
+    ``[T, H]``; z ``[H, K]``; state ``[H, K, V]``."""
+    T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    S = np.zeros((H, K, V)) if state is None else state.copy()
+    o = np.zeros((T, H, V))
+    for t in range(T):
+        for h in range(H):
+            qh, kh = _unit(q[t, h]), _unit(k[t, h])
+            d = _direction(arm, qh, kh, b[t, h], None if z is None else z[h])
+            a = b[t, h] * kh + lam[t, h] * d
+            M = np.eye(K) - np.outer(kh, a)
+            S[h] = M @ np.diag(np.exp(g[t, h])) @ S[h] + np.outer(kh, w[t, h] * v[t, h])
+            o[t, h] = S[h].T @ (scale * qh)
+    return o, S
