@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _eval_helpers import saved_tiny_model, tiny_model
+from helpers import make_inputs, op_args, saved_tiny_model, tiny_model
 from qedprobe.eval import commands
 from qedprobe.eval.sweep import SweepError, load_results, run_sweep
 from qedprobe.model import QEDModel
@@ -159,13 +159,11 @@ def test_convert_refuses_a_qedprobe_checkpoint(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ 7. lambda bound
-def _inputs(lam, dtype=torch.float64, T=64, H=2, K=8, V=8):
-    gen = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    u = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    x = (r(1, T, H, K), r(1, T, H, K), r(1, T, H, V), -0.1 * u(1, T, H, K), u(1, T, H, K), u(1, T, H, V),
-         torch.tensor([lam, -lam], dtype=torch.float64))
-    return [t.to(dtype) for t in x]
+def _inputs(lam, dtype=torch.float64):
+    """Op inputs whose two heads have lambda ``lam`` and ``-lam``."""
+    x = make_inputs(B=1, T=64, H=2, K=8, V=8, gmin=0.1)
+    x["lam"] = torch.tensor([lam, -lam], dtype=torch.float64)
+    return [t.to(dtype) for t in op_args(x)]
 
 
 @pytest.mark.parametrize("op", [qed_chunk_torch, ops.qed_chunk])
