@@ -1,8 +1,15 @@
-"""The ``qedprobe`` command: one sub-command per module, each exposing ``register(subparsers)``."""
+"""The ``qedprobe`` command: one sub-command per module, each exposing ``register(subparsers)``.
+
+Every sub-command's ``--help`` shows the defaults (:class:`qedprobe.cliutil.HelpFormatter`), and
+a negative list may follow its flag without ``=`` (``--strengths -1,0,1``).
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+
+from qedprobe.cliutil import HelpFormatter, join_negative_values
 
 COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands", "qedprobe.train.commands")
 
@@ -12,11 +19,18 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for sub in subparsers.choices.values():
+        sub.formatter_class = HelpFormatter
     return parser
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    """The parsed command line (``sys.argv[1:]`` when ``argv`` is None)."""
+    return build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return args.func(args)
 
 

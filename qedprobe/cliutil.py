@@ -3,6 +3,7 @@ the CLI's own words, output-folder checks, and negative number lists as option v
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action):
         text = action.help or ""
-        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        shown = action.option_strings and not (action.default is None or action.default is False
+                                                or action.default == argparse.SUPPRESS)
         if shown and "default" not in text.lower():
             text += " (default: %(default)s)"
         return text
@@ -38,13 +40,16 @@ def fail(cmd: str, message, flags: dict | None = None) -> int:
 
 
 def check_out_folder(path, flag="--out") -> None:
-    """Refuse an output folder that exists as something else or cannot be created (ValueError)."""
+    """Refuse (``ValueError``) an output folder that exists as something else, or that cannot
+    be created or written: its nearest existing ancestor is not a writable folder."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {str(path)!r} exists and is not a folder")
-    parent = next((a for a in (p, *p.parents) if a.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise ValueError(f"{flag} {str(path)!r}: {str(parent)!r} is not a folder")
+    base = next(a for a in (p.absolute(), *p.absolute().parents) if a.exists())
+    if not base.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: {str(base)!r} is not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r}: {str(base)!r} is not writable")
 
 
 _NEGATIVE_LIST = re.compile(r"^-\d[\d.eE+-]*(,\s*-?[\d.eE+-]+)+$")

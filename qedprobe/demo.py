@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from qedprobe.cliutil import fail
 from qedprobe.lam import random_directions
 from qedprobe.ops import ARMS, qed_naive
 
@@ -50,6 +51,8 @@ def probe_table(B=2, T=256, H=4, K=32, V=32, lam=0.2, seed=0) -> list[str]:
 
 
 def run(args) -> int:
+    if args.tokens < 1:
+        return fail("demo", f"--tokens must be >= 1, got {args.tokens}")
     print("\n".join(worked_example()))
     print()
     print("\n".join(probe_table(T=args.tokens, seed=args.seed)))
@@ -59,5 +62,5 @@ def run(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("demo", help="worked example + probe table of a random QED layer per arm")
     p.add_argument("--tokens", type=int, default=256, help="tokens per sequence in the probe table")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.set_defaults(func=run)

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
-from qedprobe.cliutil import check_out_folder
+from qedprobe.cliutil import check_out_folder, fail
 
 from .sweep import SweepError, parse_float_list, parse_int_list
 
-__all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "main"]
+__all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table", "main"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -50,19 +51,21 @@ def register(subparsers) -> None:
     p.add_argument("--task", default="s-niah-1", help="s-niah-1, s-niah-2, s-niah-3 or mk-niah")
     p.add_argument("--lengths", default="1024,2048,4096", help="comma list of token lengths (2K = 2048)")
     p.add_argument("--strengths", default="-1,0,0.5,1,1.5,2", help="comma list of s (lambda -> s * lambda)")
-    p.add_argument("--samples", type=int, default=500)
+    p.add_argument("--samples", type=int, default=500, help="prompts per length and strength")
     p.add_argument("--seed", type=int, default=0, help="data seed (keys, values, haystack offsets)")
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call")
     p.add_argument("--batch-tokens", type=int, default=2 ** 18,
                    help="on CUDA without --batch-size: batch = batch_tokens // length")
-    p.add_argument("--phase", default="all", choices=("all", "prefill", "decode"))
+    p.add_argument("--phase", default="all", choices=("all", "prefill", "decode"),
+                   help="where s scales lambda: every token, the prompt only, or the generated tokens only")
     p.add_argument("--ref-strength", type=float, default=1.0, help="McNemar reference strength")
     p.add_argument("--haystack-file", default=None, help="prose haystack for s-niah-2/3 (default: shipped text)")
     p.add_argument("--num-needles", type=int, default=None, help="needles in mk-niah (default 4)")
     p.add_argument("--haystack", default=None, choices=("noise", "prose"),
                    help="haystack of mk-niah (default prose; the other tasks have a fixed one)")
-    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens generated per prompt, >= 1 (default: 16 for numbers, 48 for UUIDs)")
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
     p.add_argument("--eager-decode", action="store_true",
                    help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
@@ -75,7 +78,7 @@ def register(subparsers) -> None:
     p.add_argument("--labels", default=None, help="comma list of column labels (default: folder names)")
     p.add_argument("--s", type=float, default=1.0, help="strength shown in the main table")
     p.add_argument("--baseline", default="0", help="index or label of the baseline sweep (default first)")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="report title")
     p.add_argument("--out", default=None, help="folder for report.md, report.json, report.png")
     p.set_defaults(func=run_report_cmd)
 
@@ -88,8 +91,8 @@ def register(subparsers) -> None:
     src.add_argument("--text", default=None, help="text file providing the inputs")
     p.add_argument("--length", type=parse_length, default=4096, help="tokens per input (2K = 2048)")
     p.add_argument("--samples", type=int, default=8, help="number of inputs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="data seed of the task inputs")
+    p.add_argument("--batch-size", type=int, default=1, help="inputs per forward pass")
     p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
     p.add_argument("--allow-extrapolation", action="store_true")
     p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
@@ -105,9 +108,15 @@ def parse_length(text):
     return v
 
 
+_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
+               "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack"}
+FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
+         "report": {"baseline": "--baseline", "labels": "--labels", "s": "--s"}}
+"""Per command: Python argument -> CLI flag, for error messages."""
+
+
 def _fail(cmd, msg) -> int:
-    print(f"qedprobe {cmd}: error: {msg}", file=sys.stderr)
-    return 2
+    return fail(cmd, msg, FLAGS[cmd])
 
 
 def _device_dtype(args):
@@ -173,8 +182,14 @@ def run_sweep_cmd(args) -> int:
         except (TokenizerError, OSError, ValueError) as exc:
             raise SweepError(str(exc)) from None
         validate_grid(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation)
+        if round(args.ref_strength, 6) not in {round(s, 6) for s in strengths}:
+            raise SweepError(f"--ref-strength {args.ref_strength:g} is not among --strengths {args.strengths}: "
+                             "the paired tests need its rows (list it; rows already in --out are not recomputed)")
         cfg = _model_config(args.model)
-        check_model(nt, cfg, strengths, layers, heads)
+        try:
+            check_model(nt, cfg, strengths, layers, heads)
+        except SweepError as exc:
+            raise SweepError(f"{exc}; pass --strengths=1" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
         dev, dtype = _device_dtype(args)
         dist.init_from_env(dev)
         dev = dist.rank_device(dev)
@@ -224,7 +239,7 @@ def run_report_cmd(args) -> int:
         labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
         base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
         md = build_report(args.sweeps, labels=labels, s=args.s, baseline=base, out=args.out,
-                          title=args.title)
+                          title=args.title, warn=lambda m: print(f"qedprobe report: warning: {m}", file=sys.stderr))
     except (SweepError, OSError, json.JSONDecodeError, IndexError) as exc:
         return _fail("report", exc)
     print(md)
@@ -282,16 +297,33 @@ def run_eig_cmd(args) -> int:
         return _fail("eig", exc)
     except ValueError as exc:  # e.g. strength out of range
         return _fail("eig", exc)
+    print(eig_table(acc.summary()))
     print(f"eig: {acc.tokens} tokens per head; wrote " + ", ".join(p.name for p in paths))
     return 0
 
 
+def eig_table(summary: dict) -> str:
+    """Per layer (over its heads) as a markdown table: the erase eigenvalue ``e_t`` (min, mean,
+    max; token-heads outside ``(0, 1)``), the largest ``sigma_max(M_t)`` and the mean size of
+    QED's output correction ``|lambda rho_t| scale ||S_bar_t^T d_t||`` (``corr``)."""
+    lines = ["| layer | e min | e mean | e max | token-heads with e outside (0, 1) | sigma_max max | corr mean |",
+             "|---|---|---|---|---|---|---|"]
+    for layer in summary["layers"]:
+        heads = layer["heads"]
+        n = sum(h["n"] for h in heads)
+
+        def mean(name):
+            return sum(h[name]["mean"] * h["n"] for h in heads) / n if n else math.nan
+        lines.append(f"| {layer['layer']} | {min(h['e']['min'] for h in heads):.4f} | {mean('e'):.4f} | "
+                     f"{max(h['e']['max'] for h in heads):.4f} | {sum(h['e_out01'] for h in heads)} of {n} | "
+                     f"{max(h['sigma']['max'] for h in heads):.4f} | {mean('corr'):.3g} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="qedprobe")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``qedprobe`` (any sub-command), for ``python -m qedprobe.eval.commands``."""
+    from qedprobe.cli import main as cli_main
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

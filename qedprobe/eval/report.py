@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 from .stats import mcnemar_exact
@@ -86,8 +87,17 @@ def _pick_s(sweep, s):
     raise SweepError(f"sweep {sweep['label']!r} has no rows at s = {s:g} (it has {have}); pass --s")
 
 
-def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None) -> str:
-    """Markdown report of the sweeps in ``paths``; with ``out``, also ``report.md`` and ``report.png``."""
+FEW_SHARED = 0.5
+"""Below this fraction of shared prompts (of the smaller sweep's, at the compared strengths) a
+pair of sweeps is reported with a warning: their tests rest on a few prompts only."""
+
+
+def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None, warn=None) -> str:
+    """Markdown report of the sweeps in ``paths``; with ``out``, also ``report.md`` and ``report.png``.
+
+    ``warn(message)`` is called for each sweep that shares fewer than :data:`FEW_SHARED` of its
+    prompts with the baseline (default: ``warnings.warn``); the report states it too."""
+    warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     paths = list(paths)
     if not paths:
         raise SweepError("report needs at least one sweep folder")
@@ -97,8 +107,11 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
     if isinstance(baseline, str):
         names = [sw["label"] for sw in sweeps]
         if baseline not in names:
-            raise SweepError(f"baseline {baseline!r} is none of {names}")
+            raise SweepError(f"`baseline` {baseline!r} is none of {names}")
         baseline = names.index(baseline)
+    if isinstance(baseline, bool) or not isinstance(baseline, int) or not 0 <= baseline < len(sweeps):
+        raise SweepError(f"`baseline` {baseline!r} is out of range: give an index 0..{len(sweeps) - 1} "
+                         f"or a label of {[sw['label'] for sw in sweeps]}")
     for sw in sweeps:
         sw["s"] = _pick_s(sw, s)
         sw["summary"] = {r["length"]: r for r in summarize(sw["rows"], None) if r["s"] == sw["s"]}
@@ -122,7 +135,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
                          f"{100 * r['accuracy']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]; {r['n']}")
         lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
     lines.append("")
-    tests = {}
+    tests, warned = {}, []
     if len(sweeps) > 1:
         base = sweeps[baseline]
         lines += [f"Paired exact McNemar tests against **{base['label']}** on identical prompts "
@@ -134,6 +147,14 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
                 continue
             res = paired_between(sw["rows"], base["rows"], sw["s"], base["s"])
             tests[sw["label"]] = res
+            shared = sum(v["n_paired"] for v in res.values())
+            smaller = min(len(_cells(sw["rows"], sw["s"])), len(_cells(base["rows"], base["s"])))
+            if shared < FEW_SHARED * smaller:
+                message = (f"{sw['label']} and {base['label']} share {shared} of {smaller} prompts (same length, "
+                           "sample id and prompt text): the paired tests rest on those only; were both run "
+                           "with the same task, seed and samples?")
+                warn(message)
+                warned.append(message)
             if not res or all(v["n_paired"] == 0 for v in res.values()):
                 lines.append(f"| {sw['label']} | - | 0 | - | - | - | - | no shared prompts |")
                 continue
@@ -143,6 +164,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None)
                 lines.append(f"| {sw['label']} | {format_length(L)} | {v['n_paired']} | {100 * v['acc_b']:.1f} | "
                              f"{100 * v['acc_a']:.1f} | {v['b']} | {v['c']} | {_fmt_p(v['p'])} |")
         lines.append("")
+        lines += [f"Warning: {m}" for m in warned] + ([""] if warned else [])
     for sw in sweeps:
         strengths = sorted({_skey(r["s"]) for r in sw["rows"]})
         if len(strengths) < 2:

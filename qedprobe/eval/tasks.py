@@ -96,8 +96,11 @@ def _read_sentences(path: str) -> tuple:
     if path == "<default>":
         text = default_prose_path().read_text(encoding="utf-8")
     else:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except UnicodeDecodeError as err:
+            raise ValueError(f"`haystack_file` {path!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     sentences = tuple(s.strip() for s in _SENTENCE_END.split(" ".join(text.split())) if s.strip())
     if not sentences:
         raise ValueError(f"haystack file {path!r} has no text")
@@ -137,10 +140,11 @@ class NIAHTask:
     Args:
         name: one of :data:`TASKS`.
         tokenizer: ``"bytes"``, a local HF tokenizer folder, or a tokenizer object.
-        haystack_file: prose file for the prose haystacks (default: the shipped text).
+        haystack_file: UTF-8 prose file for the prose haystacks (default: the shipped text);
+            refused with the noise haystack, which does not read it.
         num_needles: needles in ``mk-niah`` (default 4); 1 for the single-needle tasks.
         haystack: ``"noise"`` or ``"prose"`` (only ``mk-niah`` may choose; default prose).
-        max_new_tokens: generation budget (default 16 for numbers, 48 for UUIDs).
+        max_new_tokens: generation budget, >= 1 (default 16 for numbers, 48 for UUIDs).
     """
 
     def __init__(self, name, tokenizer="bytes", *, haystack_file=None, num_needles=None,
@@ -164,7 +168,13 @@ class NIAHTask:
             if num_needles not in (None, 1):
                 raise ValueError(f"{name} has exactly one needle")
             self.num_needles = 1
-        self.max_new_tokens = int(max_new_tokens or (48 if self.kind == "uuid" else 16))
+        if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                           or max_new_tokens < 1):
+            raise ValueError(f"`max_new_tokens` must be an int >= 1, got {max_new_tokens!r}")
+        self.max_new_tokens = max_new_tokens or (48 if self.kind == "uuid" else 16)
+        if haystack_file is not None and self.haystack != "prose":
+            raise ValueError(f"`haystack_file` is only read by the prose haystack; {name} uses the "
+                             f"{self.haystack} haystack")
         self.haystack_file = None
         if self.haystack == "prose":
             self.haystack_file = "<default>" if haystack_file is None else str(haystack_file)

@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.ops import ARMS, MODES
 
 from .config import DEVICES, LOSSES, PRESETS, TrainConfig
@@ -47,24 +48,53 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig.from_preset(args.preset, model=model, **overrides)
 
 
+FLAGS = {**{field: "--" + flag.replace("_", "-") for flag, field in {**FIELDS, **MODEL_FIELDS}.items()},
+         "out_dir": "--out", "export_dir": "--export", "until_step": "--until-step",
+         "max_seconds": "--max-seconds", "op_fallback": "--no-op-fallback"}
+"""Python argument / config field -> CLI flag, for error messages."""
+
+
+def _progress(cfg: TrainConfig, every: int, enabled: bool):
+    """The per-step callback: a tqdm bar over the steps (elapsed, ETA) and, every ``every``
+    steps, one line of statistics; returns ``(callback, close)``."""
+    from tqdm.auto import tqdm
+    bar = None
+
+    def show(rec: dict) -> None:
+        nonlocal bar
+        if bar is None and enabled:
+            bar = tqdm(total=cfg.steps, initial=rec["step"] - 1, unit="step", desc="train", dynamic_ncols=True)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        if every and (rec["step"] % every == 0 or rec["step"] == cfg.steps):
+            tqdm.write(f"step {rec['step']:>6}/{cfg.steps}  loss {rec['loss']:.4f}  answer {rec['answer_loss']:.4f} "
+                       f"(acc {rec['answer_acc']:.3f})  lr {rec['lr']:.2e}  |g| {rec['grad_norm']:.2f}  "
+                       f"lambda {rec['lambda_mean']:.4f}  {rec['step_s']:.2f}s/step", file=sys.stdout)
+
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+    return show, close
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    show = close = None
     try:
         cfg = config_from_args(args)
+        check_out_folder(args.out, "--out")
+        if args.export is not None:
+            check_out_folder(args.export, "--export")
+        show, close = _progress(cfg, args.print_every, not args.no_progress)
+        result = train(cfg, args.out, export_dir=args.export, until_step=args.until_step,
+                       max_seconds=args.max_seconds, callback=show)
     except ValueError as err:
-        print(f"qedprobe train: error: {err}", file=sys.stderr)
-        return 2
-    every = args.print_every
-
-    def show(rec: dict) -> None:
-        if every and (rec["step"] % every == 0 or rec["step"] == cfg.steps):
-            print(f"step {rec['step']:>6}/{cfg.steps}  loss {rec['loss']:.4f}  answer {rec['answer_loss']:.4f} "
-                  f"(acc {rec['answer_acc']:.3f})  lr {rec['lr']:.2e}  |g| {rec['grad_norm']:.2f}  "
-                  f"lambda {rec['lambda_mean']:.4f}  {rec['step_s']:.2f}s/step", flush=True)
-
-    result = train(cfg, args.out, export_dir=args.export, until_step=args.until_step,
-                   max_seconds=args.max_seconds, callback=show)
+        return fail("train", err, FLAGS)
+    finally:
+        if close is not None:
+            close()
     if result.finished:
         print(f"done: {result.step} steps, final loss {result.final_loss:.4f}, {result.wall_s:.1f} s; "
               f"model in {result.export_dir}")
@@ -113,5 +143,6 @@ def register(subparsers) -> None:
     g.add_argument("--threads", type=int, help="torch CPU threads")
     g.add_argument("--until-step", type=int, help="stop after this step (checkpointed; rerun to resume)")
     g.add_argument("--max-seconds", type=float, help="stop after this long (checkpointed; rerun to resume)")
-    g.add_argument("--print-every", type=int, default=10, help="print every N steps (0: never)")
+    g.add_argument("--print-every", type=int, default=10, help="print a line of statistics every N steps (0: never)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

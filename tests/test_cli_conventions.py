@@ -1,0 +1,179 @@
+"""The ``qedprobe`` command as users expect it (issue 15): defaults in every --help, negative
+lists without ``=``, one-line errors (exit 2) in the CLI's words before any work, progress
+and a per-layer table."""
+import argparse
+import json
+import re
+
+import pytest
+import torch
+
+from _eval_helpers import saved_tiny_model
+from qedprobe import cli
+
+L = 400  # shortest usable s-niah-1 length with the byte tokenizer is 376
+TRAIN = ["train", "--preset", "micro", "--hidden", "32", "--layers", "1", "--heads", "2", "--head-dim", "8",
+         "--seq-len", "512", "--batch-size", "1", "--steps", "2", "--warmup", "1", "--decay", "1", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return saved_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture(scope="module")
+def gdn2_dir(tmp_path_factory):
+    return saved_tiny_model(tmp_path_factory.mktemp("tiny") / "g", arm="gdn2")
+
+
+def _one_line_error(capsys, cmd):
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"qedprobe {cmd}: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _subparsers():
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+# ------------------------------------------------------------------ help and parsing
+def _help_blocks(parser) -> dict:
+    """Option string -> its help entry (the lines from the option to the next option)."""
+    blocks, current = {}, None
+    for line in parser.format_help().splitlines():
+        if re.match(r"^  -", line):
+            current = line.split()[0].rstrip(",")
+            blocks[current] = line
+        elif current is not None and line.startswith("    "):
+            blocks[current] += " " + line.strip()
+        else:
+            current = None
+    return blocks
+
+
+def test_every_option_with_a_default_shows_it_in_help():
+    for name, parser in _subparsers().items():
+        blocks = _help_blocks(parser)
+        for action in parser._actions:
+            if not action.option_strings or action.default is None or action.default is False \
+                    or action.default == argparse.SUPPRESS:
+                continue
+            entry = blocks[action.option_strings[0]]
+            assert "default" in entry, f"{name}: {entry!r}"
+
+
+def test_negative_strength_lists_need_no_equals_sign():
+    args = cli.parse_args(["sweep", "--model", "m", "--out", "o", "--strengths", "-1,0,1"])
+    assert args.strengths == "-1,0,1"
+    args = cli.parse_args(["sweep", "--model", "m", "--out", "o", "--strengths", "-1.5,-0.5"])
+    assert args.strengths == "-1.5,-0.5"
+
+
+# ------------------------------------------------------------------ train / convert / demo
+def test_train_errors_are_one_line_naming_the_flag(tmp_path, capsys):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert cli.main([*TRAIN, "--out", str(afile)]) == 2
+    assert "--out" in _one_line_error(capsys, "train")
+    argv = [a if a != "512" else "16" for a in TRAIN]
+    assert cli.main([*argv, "--out", str(tmp_path / "r")]) == 2
+    assert "--seq-len" in _one_line_error(capsys, "train")
+    assert cli.main([*TRAIN, "--out", str(tmp_path / "r2"), "--export", str(afile)]) == 2
+    assert "--export" in _one_line_error(capsys, "train")
+    assert not (tmp_path / "r2" / "loss.jsonl").exists()  # checked before training
+
+
+def test_train_shows_progress_with_an_eta(tmp_path, capsys):
+    assert cli.main([*TRAIN, "--out", str(tmp_path / "r"), "--print-every", "0"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"2/2 \[\d+:\d+<\d+:\d+", err), err  # tqdm: elapsed<remaining
+
+
+def test_demo_and_convert_errors_are_one_line(tmp_path, capsys, model_dir):
+    assert cli.main(["demo", "--tokens", "0"]) == 2
+    assert "--tokens" in _one_line_error(capsys, "demo")
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert cli.main(["convert", model_dir, str(afile)]) == 2
+    assert str(afile) in _one_line_error(capsys, "convert")
+
+
+# ------------------------------------------------------------------ sweep
+def _sweep(model, out, *extra):
+    return cli.main(["sweep", "--model", str(model), "--device", "cpu", "--out", str(out), "--lengths", str(L),
+                     "--samples", "1", "--no-progress", *extra])
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens"),
+    (["--strengths=0,1", "--ref-strength", "2"], "--ref-strength"),
+    (["--strengths=0,5"], "--allow-extrapolation"),
+    (["--haystack-file", "HAYSTACK"], "--haystack-file"),
+])
+def test_sweep_refuses_by_cli_flag(model_dir, tmp_path, capsys, extra, words):
+    hay = tmp_path / "hay.txt"
+    hay.write_text("Some prose. " * 50)
+    extra = [str(hay) if a == "HAYSTACK" else a for a in extra]
+    assert _sweep(model_dir, tmp_path / "o", *extra) == 2
+    err = _one_line_error(capsys, "sweep")
+    assert words in err and "allow_extrapolation" not in err and "max_new_tokens" not in err
+    assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_sweep_gdn2_with_default_strengths_is_told_what_to_pass(gdn2_dir, tmp_path, capsys):
+    assert _sweep(gdn2_dir, tmp_path / "o") == 2
+    assert "--strengths=1" in _one_line_error(capsys, "sweep")
+
+
+@pytest.mark.parametrize("content", ["Caf\xe9 au lait. ".encode("latin-1") * 40, bytes(range(256)) * 4],
+                         ids=["latin-1", "binary"])
+def test_sweep_undecodable_haystack_file_is_named(model_dir, tmp_path, capsys, content):
+    hay = tmp_path / "hay.bin"
+    hay.write_bytes(content)
+    assert _sweep(model_dir, tmp_path / "o", "--task", "s-niah-2", "--haystack-file", str(hay)) == 2
+    err = _one_line_error(capsys, "sweep")
+    assert str(hay) in err and "UTF-8" in err
+
+
+# ------------------------------------------------------------------ report and eig
+def _fake_sweep(folder, seed, n=4):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"ref_strength": 1.0}))
+    rows = [{"task": "s-niah-1", "length": L, "s": 1.0, "sample_id": i, "correct": i % 2 == 0,
+             "prompt_sha": f"{seed}-{i}" if i else "shared"} for i in range(n)]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
+
+
+def test_report_baseline_out_of_range_names_the_valid_range(tmp_path, capsys):
+    a, b = _fake_sweep(tmp_path / "a", 0), _fake_sweep(tmp_path / "b", 0)
+    assert cli.main(["report", a, b, "--baseline", "5"]) == 2
+    err = _one_line_error(capsys, "report")
+    assert "--baseline" in err and "0..1" in err
+
+
+def test_report_warns_when_sweeps_share_few_prompts(tmp_path, capsys):
+    a, b = _fake_sweep(tmp_path / "a", 0), _fake_sweep(tmp_path / "b", 1)
+    assert cli.main(["report", a, b]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "1 of 4" in err
+    c = _fake_sweep(tmp_path / "c", 0)
+    assert cli.main(["report", a, c]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_eig_prints_a_per_layer_table(model_dir, tmp_path, capsys):
+    torch.set_num_threads(1)
+    txt = tmp_path / "t.txt"
+    txt.write_text("Some text to read. " * 5)
+    assert cli.main(["eig", "--model", model_dir, "--device", "cpu", "--text", str(txt), "--length", "32",
+                     "--samples", "1", "--out", str(tmp_path / "e"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "e" / "eig.json").read_text())
+    rows = [line for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(r.split("|")[1]) for r in rows] == [0, 1]
+    e_min = min(h["e"]["min"] for h in summary["layers"][0]["heads"])
+    assert f"{e_min:.4f}" in rows[0]
