@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from _eval_helpers import saved_tiny_model
+from helpers import saved_tiny_model
 from qedprobe import cli
 
 L = 400  # shortest usable s-niah-1 length with the byte tokenizer is 376
