@@ -85,7 +85,7 @@ def test_cuda_graph_decode_is_bit_identical_to_eager():
             eager = model.generate(PROMPTS, 12, cuda_graph=False)
             assert graph_usable(model)
             assert model.generate(PROMPTS, 12) == eager
-    assert len(model._decode_graphs) == 1
+    assert len(model.decode_graphs) == 1
     seen = []
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_lambda", lambda lam, hook: seen.append(lam))]):
         assert not graph_usable(model)

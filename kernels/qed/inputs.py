@@ -46,6 +46,11 @@ def value_checks(enabled: bool = True):
         _VALUE_CHECKS.reset(token)
 
 
+def value_checks_enabled() -> bool:
+    """Whether the current context is inside an enabled :func:`value_checks` block."""
+    return _VALUE_CHECKS.get()
+
+
 @dataclass(frozen=True)
 class QEDProblem:
     """Sizes and options of one validated call.
@@ -159,7 +164,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < float(scale) < float("inf")):
         raise ValueError(f"{op}: `scale` must be a positive finite float or None (= K ** -0.5), got {scale!r}")
 
-    if _VALUE_CHECKS.get():
+    if value_checks_enabled():
         checked = dict(tensors)
         if initial_state is not None:
             checked["initial_state"] = initial_state

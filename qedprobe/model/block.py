@@ -30,8 +30,11 @@ class QEDBlock(nn.Module):
         self.attn = QEDMixer(cfg, layer_idx)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
-        for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
-            setattr(self, f"hook_{name}", HookPoint())
+        self.hook_resid_pre = HookPoint()  # [B, T, hidden] the block's input
+        self.hook_attn_out = HookPoint()  # [B, T, hidden] the mixer's output
+        self.hook_resid_mid = HookPoint()  # [B, T, hidden] resid_pre + attn_out
+        self.hook_mlp_out = HookPoint()  # [B, T, hidden] the MLP's output
+        self.hook_resid_post = HookPoint()  # [B, T, hidden] resid_mid + mlp_out
 
     def forward(self, x: torch.Tensor, **mixer_kwargs) -> tuple[torch.Tensor, MixerState | None]:
         """``x`` ``[B, T, hidden]`` -> ``(resid_post, mixer state)``; ``mixer_kwargs`` go to

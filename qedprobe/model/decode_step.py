@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import torch
 
-from qedprobe.kernels.qed.inputs import _VALUE_CHECKS
+from qedprobe.kernels.qed.inputs import value_checks_enabled
 
 from .mixer import MixerState
 
@@ -37,7 +37,7 @@ synchronises; an eager step is read after every step)."""
 def graph_usable(model) -> bool:
     """Whether the decode step of ``model`` may be replayed from a CUDA graph (see module doc)."""
     return (model.device.type == "cuda" and model.cfg.op_mode in ("auto", "recurrent")
-            and not _VALUE_CHECKS.get()
+            and not value_checks_enabled()
             and not any(hp.has_hooks() for hp in model.hook_dict.values()))
 
 
@@ -113,7 +113,7 @@ def decode_step(model, states: list[MixerState], scales: torch.Tensor | None, *,
     and :func:`graph_usable`, else the eager step."""
     if not (cuda_graph and graph_usable(model)):
         return _EagerStep(model, states, scales)
-    cache: OrderedDict = model._decode_graphs
+    cache: OrderedDict = model.decode_graphs
     key = _key(model, states, scales)
     step = cache.pop(key, None)
     if step is None:

@@ -17,6 +17,13 @@ uses. ``hook_d`` is computed here (and passed as the op's ``d``) only when it ha
 ``hook_rho`` ``[B,T,H]``, ``hook_Sd`` ``[B,T,H,V]`` and ``hook_e`` ``[B,T,H]`` are read-only
 probes of the op, requested only when one of them has hooks.
 
+``hook_Sd`` is the one mixed-case hook name: it is the op's probe ``"Sd"`` (``S_bar^T d``, ``S``
+the state matrix), the key of ``probes``, of ``ProbeRecorder(probes=...)`` and of ``qedprobe eig``.
+It has no lowercase alias (TransformerLens' names are lowercase): a second attribute holding the
+same hook point is dropped from ``hook_dict`` (``named_modules`` lists a module once), so the
+alias would not resolve, and entering it there as a name of its own would make name filters
+(``lambda name: ...``) attach one hook twice.
+
 Parameter names are fla's (``q_proj``, ``q_conv1d``, ``f_proj.0/1``, ``b_proj``, ``w_proj``,
 ``A_log``, ``dt_bias``, ``g_proj.0/1``, ``o_norm``, ``o_proj``) plus ``theta`` ``[H]`` (not for
 arm gdn2) and the persistent buffer ``z`` ``[H, K]`` (arm rand only).
@@ -39,10 +46,6 @@ from .config import QEDConfig
 from .conv import ShortConvolution
 from .hookio import observe, through
 from .norm import RMSNorm
-
-WRITABLE = ("q", "k", "v", "b", "w", "g", "lambda", "d", "o")
-READ_ONLY = ("rho", "Sd", "e")
-
 
 class MixerState(NamedTuple):
     """Carried state of one mixer: ``recurrent`` ``[N, H, K, V]`` (float32) and the q/k/v
@@ -92,8 +95,24 @@ class QEDMixer(nn.Module):
             self.register_buffer("z", random_directions(H, K, cfg.rand_seed + layer_idx), persistent=True)
         else:
             self.z = None
-        for name in WRITABLE + READ_ONLY:
-            setattr(self, f"hook_{name}", HookPoint())
+        # Inputs of the recurrence: writable (a hook's return value is what the op uses).
+        self.hook_q = HookPoint()  # [B, T, H, K] before the op's L2 norm
+        self.hook_k = HookPoint()  # [B, T, H, K] before the op's L2 norm
+        self.hook_v = HookPoint()  # [B, T, H, V]
+        self.hook_b = HookPoint()  # [B, T, H, K] erase gate
+        self.hook_w = HookPoint()  # [B, T, H, V] write gate
+        self.hook_g = HookPoint()  # [B, T, H, K] log-decay
+        self.hook_lambda = HookPoint()  # [H], or [B, T, H] when a hook returns per-token values
+        self.hook_d = HookPoint()  # [B, T, H, K] erase direction (computed only when hooked)
+        self.hook_o = HookPoint()  # [B, T, H, V] output of the recurrence, before o_norm
+        # Probes of the recurrence: read-only observations (requested only when hooked).
+        self.hook_rho = HookPoint()  # [B, T, H] q_hat . k_hat
+        self.hook_Sd = HookPoint()  # [B, T, H, V] S_bar^T d (mixed case: the probe's name "Sd")
+        self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
+
+    def probe_hooks(self) -> dict[str, HookPoint]:
+        """The read-only probe hook points by probe name (the op's ``probes`` keys)."""
+        return {"rho": self.hook_rho, "Sd": self.hook_Sd, "e": self.hook_e}
 
     def _heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         return x.unflatten(-1, (self.cfg.num_heads, dim))
@@ -143,15 +162,16 @@ class QEDMixer(nn.Module):
             d_arm = erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)), b.to(ct),
                                     cfg.arm, self.z)
             d = through(self.hook_d, d_arm)
-        want_probes = any(getattr(self, f"hook_{n}").has_hooks(dir="fwd") for n in READ_ONLY)
+        probe_hooks = self.probe_hooks()
+        want_probes = any(hook.has_hooks(dir="fwd") for hook in probe_hooks.values())
         o, recurrent, probes = qed_attention(
             q, k, v, g, b, w, lam, mode=cfg.op_mode, arm=cfg.arm, z=self.z, d=d,
             initial_state=None if state is None else state.recurrent,
             output_final_state=want_state, return_probes=want_probes, use_qk_l2norm=True,
             cu_seqlens=cu_seqlens)
         if want_probes:
-            for name in READ_ONLY:
-                observe(getattr(self, f"hook_{name}"), probes[name])
+            for name, hook in probe_hooks.items():
+                observe(hook, probes[name])
         o = through(self.hook_o, o)
         o = self.o_norm(o, self._heads(self.g_proj(x), V))
         out = self.o_proj(o.flatten(-2))

@@ -46,7 +46,7 @@ class QEDModel(HookedRootModule):
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._strength_factors = []
-        self._decode_graphs = OrderedDict()  # captured decode steps, see decode_step.py
+        self.decode_graphs = OrderedDict()  # captured decode steps, see decode_step.py
         self.apply(self._init_module)
         self.setup()
 
