@@ -1,4 +1,10 @@
-"""Ready-made hook functions for QED models (installed as ``qedprobe.hooks``).
+"""Ready-made hook functions for QED models.
+
+Imported as ``qedprobe.hooks`` (``from qedprobe.hooks import ProbeRecorder``), never as a bare
+``hooks``: like ``kernels/``, the folder sits at the top of the repository, where a reader of the
+mechanism looks for the hooks, and ``setup.py`` installs it inside the package so that the
+installed distribution has one top-level name, ``qedprobe``. The hook points themselves are
+declared in ``qedprobe/model/mixer.py`` and ``block.py``; these functions attach to them.
 
 * :mod:`.recorders`: streaming per-head statistics of the probes (``e``, ``rho``, ``|Sd|``,
   ``|d|``, ``lambda``) without keeping every token.

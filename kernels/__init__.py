@@ -1,1 +1,9 @@
-"""Triton kernels of qedprobe (installed as ``qedprobe.kernels``), one folder per op."""
+"""Triton kernels of qedprobe and their PyTorch references, one folder per op (``qed/``).
+
+Imported as ``qedprobe.kernels`` (``from qedprobe.kernels.qed import qed_chunk``), never as a bare
+``kernels``. The folder sits at the top of the repository, beside ``qedprobe/`` and ``hooks/``,
+so the kernels are read, tested and benchmarked (``bench/``) on their own; ``setup.py`` installs
+it inside the package (``package_dir``), so the installed distribution has one top-level name,
+``qedprobe``, and no generic ``kernels`` module that could shadow or be shadowed by another
+project's. Code outside the kernels reaches the ops through ``qedprobe.ops``.
+"""
