@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import saved_tiny_model, tiny_model
+from helpers import saved_tiny_model, tiny, tiny_model
 from qedprobe.eval import commands
 from qedprobe.eval.eig import BINS, EigAccumulator, run_eig, sigma_max_rank_one, task_batches, text_batches
 
@@ -115,6 +115,15 @@ def test_eig_cli_task_and_text(tmp_path, capsys):
     assert commands.main(["eig", "--model", model_dir, "--text", str(tmp_path / "none.txt"),
                           "--out", str(tmp_path / "e3"), "--no-progress"]) == 2
     assert "not a file" in capsys.readouterr().err
+
+
+def test_eig_cli_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, capsys):
+    tiny(arm="full").save_pretrained(tmp_path / "m")  # vocabulary 97 < the byte tokenizer's 259 ids
+    assert commands.main(["eig", "--model", str(tmp_path / "m"), "--length", "400", "--samples", "1",
+                          "--out", str(tmp_path / "eig"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "259 ids" in err and "vocabulary has 97" in err and "--tokenizer" in err
+    assert not (tmp_path / "eig" / "eig.json").exists()
 
 
 def test_text_batches_shapes(tmp_path):

@@ -272,11 +272,9 @@ def run_eig_cmd(args) -> int:
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
         cfg = _model_config(args.model)
-        from .sweep import check_strengths_for
+        from .sweep import check_strengths_for, check_tokenizer_fits
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
-        if tok.vocab_size > cfg.vocab_size:
-            raise SweepError(f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has "
-                             f"{cfg.vocab_size}: wrong --tokenizer?")
+        check_tokenizer_fits(tok, cfg.vocab_size)
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise SweepError(f"--out {args.out!r} exists and is not a folder")

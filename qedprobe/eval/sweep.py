@@ -678,6 +678,13 @@ def validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation) -
                          f"(need >= {need} tokens)")
 
 
+def check_tokenizer_fits(tokenizer, vocab_size: int) -> None:
+    """The tokenizer's ids must lie in the model's vocabulary ``range(vocab_size)``."""
+    if tokenizer.vocab_size > vocab_size:
+        raise SweepError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but the "
+                         f"model's vocabulary has {vocab_size}: wrong --tokenizer for this model?")
+
+
 def check_model(nt, cfg, strengths, layers=None, heads=None) -> None:
     """The checks against a model config (loaded or read from ``config.json``): the arm allows
     the strengths, the tokenizer's ids fit the vocabulary, ``layers`` / ``heads`` exist."""
@@ -685,9 +692,8 @@ def check_model(nt, cfg, strengths, layers=None, heads=None) -> None:
         return
     check_strengths_for(strengths, arm=getattr(cfg, "arm", None))
     vs = getattr(cfg, "vocab_size", None)
-    if vs is not None and nt.tokenizer.vocab_size > vs:
-        raise SweepError(f"tokenizer {nt.tokenizer.name!r} has {nt.tokenizer.vocab_size} ids but the "
-                         f"model's vocabulary has {vs}: wrong --tokenizer for this model?")
+    if vs is not None:
+        check_tokenizer_fits(nt.tokenizer, vs)
     for name, sel, size in (("--layers", layers, getattr(cfg, "num_hidden_layers", None)),
                             ("--heads", heads, getattr(cfg, "num_heads", None))):
         if sel is not None and size is not None and any(not 0 <= i < size for i in sel):
