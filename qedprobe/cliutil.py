@@ -34,8 +34,10 @@ def cli_words(message, flags: dict) -> str:
 
 
 def fail(cmd: str, message, flags: dict | None = None) -> int:
-    """Print ``qedprobe CMD: error: MESSAGE`` (in CLI words) to stderr; returns the exit status 2."""
-    print(f"qedprobe {cmd}: error: {cli_words(message, flags or {})}", file=sys.stderr)
+    """Print ``qedprobe CMD: error: MESSAGE`` (in CLI words, without a leading ``CMD: ``) to
+    stderr; returns the exit status 2."""
+    text = cli_words(message, flags or {}).removeprefix(f"{cmd}: ")
+    print(f"qedprobe {cmd}: error: {text}", file=sys.stderr)
     return 2
 
 

@@ -110,7 +110,8 @@ def parse_length(text):
 
 _TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
                "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack"}
-FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
+FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
+                   "strengths": "--strengths"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
          "report": {"baseline": "--baseline", "labels": "--labels", "s": "--s"}}
 """Per command: Python argument -> CLI flag, for error messages."""
 

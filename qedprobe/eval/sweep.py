@@ -566,7 +566,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
     written by ``save_pretrained`` (loaded on CUDA in bfloat16 when available, else CPU float32).
     ``tokenizer``: ``"bytes"``, a local HF folder or a tokenizer object.
-    ``out``: a folder, or a :class:`ResultsStore` the caller opened (and closes).
+    ``out``: a folder, or a :class:`ResultsStore` the caller opened (and closes) with a
+    :func:`sweep_config` that holds the weights hash.
     ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
     ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
     ``decode``: ``"budget"`` decodes the task's ``max_new_tokens`` per prompt (the tokens the prompt
@@ -598,7 +599,11 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     config = sweep_config(nt, samples=samples, seed=seed, lengths=lengths, strengths=strengths, layers=layers,
                           heads=heads, phase=phase, ref_strength=ref_strength, model_id=model_id,
                           model_cfg=getattr(model, "cfg", None), dtype=_model_dtype(model),
-                          weights=state_dict_sha256(model), decode=decode)
+                          weights=None if isinstance(out, ResultsStore) else state_dict_sha256(model),
+                          decode=decode)  # a caller's store was opened with the hash already
+    if isinstance(out, ResultsStore) and not out.config.get("model", {}).get("weights"):
+        raise SweepError("the ResultsStore passed as `out` records no weights hash: open it with "
+                         "sweep_config(..., weights=state_dict_sha256(model))")
     store = out if isinstance(out, ResultsStore) else open_store(out, config)
     try:
         if store.config.get("decode") != config.get("decode"):
@@ -661,13 +666,13 @@ def validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation) -
     """The checks that need no model: sample count, lengths (distinct, long enough for ``nt``),
     strengths (distinct, finite, in range), phase."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise SweepError(f"samples must be a positive integer, got {samples!r}")
+        raise SweepError(f"`samples` must be a positive integer, got {samples!r}")
     if not lengths or any(L < 1 for L in lengths) or len(set(lengths)) != len(lengths):
-        raise SweepError(f"lengths must be distinct positive integers, got {lengths}")
+        raise SweepError(f"`lengths` must be distinct positive integers, got {lengths}")
     if not strengths or len({_skey(s) for s in strengths}) != len(strengths):
-        raise SweepError(f"strengths must be distinct numbers, got {strengths}")
+        raise SweepError(f"`strengths` must be distinct numbers, got {strengths}")
     if any(not math.isfinite(s) for s in strengths):
-        raise SweepError("strengths must be finite")
+        raise SweepError("`strengths` must be finite")
     check_strengths_for(strengths, arm=None, allow_extrapolation=allow_extrapolation)
     if phase not in ("all", "prefill", "decode"):
         raise SweepError(f"phase must be all, prefill or decode, got {phase!r}")

@@ -155,7 +155,7 @@ class NIAHTask:
         self.tokenizer = load_tokenizer(tokenizer)
         default_hay = {"s-niah-1": "noise", "s-niah-2": "prose", "s-niah-3": "prose", "mk-niah": "prose"}[name]
         if haystack is not None and name != "mk-niah" and haystack != default_hay:
-            raise ValueError(f"task {name} uses the {default_hay} haystack")
+            raise ValueError(f"task {name} uses the {default_hay} haystack (only mk-niah takes `haystack`)")
         self.haystack = haystack or default_hay
         if self.haystack not in ("noise", "prose"):
             raise ValueError(f"haystack must be 'noise' or 'prose', got {self.haystack!r}")
@@ -163,10 +163,10 @@ class NIAHTask:
         if name == "mk-niah":
             self.num_needles = 4 if num_needles is None else int(num_needles)
             if self.num_needles < 2:
-                raise ValueError("mk-niah needs num_needles >= 2")
+                raise ValueError("mk-niah needs `num_needles` >= 2")
         else:
             if num_needles not in (None, 1):
-                raise ValueError(f"{name} has exactly one needle")
+                raise ValueError(f"{name} has exactly one needle (`num_needles` is for mk-niah)")
             self.num_needles = 1
         if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
                                            or max_new_tokens < 1):

@@ -6,6 +6,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 LOG_NAME = "loss.jsonl"
 NOTES_NAME = "train.log"
 
@@ -37,8 +39,8 @@ def truncate_log(out_dir: Path, step: int) -> int:
 
 
 def note(out_dir: Path, message: str) -> None:
-    """Append a time-stamped line to ``train.log`` and print it to stderr."""
+    """Append a time-stamped line to ``train.log`` and print it to stderr (above a progress bar)."""
     line = f"[{datetime.now(timezone.utc).isoformat(timespec='seconds')}] {message}"
-    print(line, file=sys.stderr, flush=True)
+    tqdm.write(line, file=sys.stderr)
     with open(Path(out_dir) / NOTES_NAME, "a") as fh:
         fh.write(line + "\n")
