@@ -18,6 +18,9 @@ import contextlib
 
 import torch
 
+from qedprobe.model.hooked import mixer_hook_name
+from qedprobe.model.strength import index_selection
+
 PROBES = ("e", "rho", "Sd", "d", "lambda")
 
 
@@ -88,9 +91,10 @@ class ProbeRecorder:
     """One :class:`RunningStats` per (probe, layer), fed by forward hooks.
 
     Args:
-        model: a ``QEDModel`` (used for its hook names and sizes).
+        model: a hooked model (``QEDModel``, or ``qedprobe.hf.HFQEDModel``: used for its hook
+            names, its recurrence layers ``model.mixer_layers`` and its heads).
         probes: names from ``PROBES``.
-        layers: layer indices (default all).
+        layers: layer indices among ``model.mixer_layers`` (default all of them).
         edges: optional ``{probe: bin edges}`` for histograms.
     """
 
@@ -98,10 +102,7 @@ class ProbeRecorder:
         unknown = [p for p in probes if p not in PROBES]
         if unknown or not probes:
             raise ValueError(f"ProbeRecorder: `probes` must be a non-empty subset of {PROBES}, got {probes!r}")
-        L = model.cfg.num_hidden_layers
-        layers = list(range(L)) if layers is None else list(layers)
-        if not layers or any(not isinstance(l, int) or not 0 <= l < L for l in layers):
-            raise ValueError(f"ProbeRecorder: `layers` must be ints in [0, {L}), got {layers!r}")
+        layers = index_selection("layers", layers, model.mixer_layers, who="ProbeRecorder")
         edges = edges or {}
         self.model = model
         self.stats = {(p, l): RunningStats(model.cfg.num_heads, edges.get(p))
@@ -115,7 +116,7 @@ class ProbeRecorder:
     @property
     def fwd_hooks(self) -> list:
         """``[(hook name, fn)]`` for ``run_with_hooks`` / ``model.hooks``."""
-        return [(f"blocks.{l}.attn.hook_{p}", self._hook((p, l))) for p, l in self.stats]
+        return [(mixer_hook_name(self.model, l, p), self._hook((p, l))) for p, l in self.stats]
 
     @contextlib.contextmanager
     def attach(self):

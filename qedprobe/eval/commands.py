@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.kernels.qed import ARMS
 
 from .sweep import SweepError, parse_float_list, parse_int_list
 
@@ -32,9 +33,17 @@ def _idx_list(text, name):
 
 
 def _common_model_args(p):
-    p.add_argument("--model", required=True, help="folder written by QEDModel.save_pretrained")
-    p.add_argument("--tokenizer", default="bytes",
-                   help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder")
+    p.add_argument("--model", required=True,
+                   help="folder written by QEDModel.save_pretrained, or a transformers Qwen3.5 / "
+                        "Qwen3-Next / OLMo-Hybrid folder (qedprobe.hf)")
+    p.add_argument("--tokenizer", default=None,
+                   help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder "
+                        "(default: bytes; for a transformers --model folder, its own tokenizer)")
+    p.add_argument("--qed-lambda", type=float, default=None,
+                   help="transformers --model only: inject QED with this lambda on every "
+                        "linear-attention head (default: none, the model as trained)")
+    p.add_argument("--qed-arm", default="full", choices=[a for a in ARMS if a != "gdn2"],
+                   help="erase direction of --qed-lambda")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
@@ -135,12 +144,29 @@ def _device_dtype(args):
     return dev, getattr(torch, name)
 
 
-def _model_config(path):
+def _is_transformers(args) -> bool:
+    from qedprobe.hf.folder import is_transformers_folder
+    return is_transformers_folder(args.model)
+
+
+def _tokenizer_spec(args):
+    """--tokenizer, by default the transformers --model folder itself, else bytes."""
+    if args.tokenizer is not None:
+        return args.tokenizer
+    return args.model if _is_transformers(args) else "bytes"
+
+
+def _model_config(path, args):
     from qedprobe.model import QEDConfig
     p = Path(path)
     if not p.is_dir():
         raise SweepError(f"--model {path!r} is not a folder")
     try:
+        if _is_transformers(args):
+            from qedprobe.hf.folder import folder_config
+            return folder_config(p, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
+        if args.qed_lambda is not None:
+            raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
         return QEDConfig.load(p / "config.json")
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise SweepError(f"--model {path!r}: {exc}") from None
@@ -153,9 +179,12 @@ def _check_out(path) -> None:
         raise SweepError(str(exc)) from None
 
 
-def _load_model(path, dev, dtype):
+def _load_model(path, dev, dtype, args):
     from qedprobe.model import QEDModel
     try:
+        if _is_transformers(args):
+            from qedprobe.hf.folder import load_folder
+            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
         model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
     except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
         raise SweepError(f"cannot load the model from {path!r}: {type(exc).__name__}: {exc}") from None
@@ -177,7 +206,7 @@ def run_sweep_cmd(args) -> int:
         if args.batch_size is not None and args.batch_size < 1:
             raise SweepError("--batch-size must be >= 1")
         try:
-            nt = NIAHTask(args.task, args.tokenizer, haystack_file=args.haystack_file,
+            nt = NIAHTask(args.task, _tokenizer_spec(args), haystack_file=args.haystack_file,
                           num_needles=args.num_needles, max_new_tokens=args.max_new_tokens,
                           haystack=args.haystack)
         except (TokenizerError, OSError, ValueError) as exc:
@@ -186,17 +215,19 @@ def run_sweep_cmd(args) -> int:
         if round(args.ref_strength, 6) not in {round(s, 6) for s in strengths}:
             raise SweepError(f"--ref-strength {args.ref_strength:g} is not among --strengths {args.strengths}: "
                              "the paired tests need its rows (list it; rows already in --out are not recomputed)")
-        cfg = _model_config(args.model)
+        cfg = _model_config(args.model, args)
         try:
             check_model(nt, cfg, strengths, layers, heads)
         except SweepError as exc:
-            raise SweepError(f"{exc}; pass --strengths=1" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
+            hint = ("pass --qed-lambda (and --qed-arm) to inject QED into this transformers model, or "
+                    "--strengths=1") if _is_transformers(args) else "pass --strengths=1"
+            raise SweepError(f"{exc}; {hint}" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
         dev, dtype = _device_dtype(args)
         dist.init_from_env(dev)
         dev = dist.rank_device(dev)
         model_id = str(Path(args.model).resolve())
         _check_out(args.out)
-        model = _load_model(args.model, dev, dtype)  # the folder's config records the weights' hash
+        model = _load_model(args.model, dev, dtype, args)  # the folder's config records the weights' hash
         config = sweep_config(nt, samples=args.samples, seed=args.seed, lengths=lengths, strengths=strengths,
                               layers=layers, heads=heads, phase=args.phase, ref_strength=args.ref_strength,
                               model_id=model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
@@ -257,7 +288,7 @@ def run_eig_cmd(args) -> int:
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
             raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
         try:
-            tok = load_tokenizer(args.tokenizer)
+            tok = load_tokenizer(_tokenizer_spec(args))
             if args.text is not None:
                 if not Path(args.text).is_file():
                     raise SweepError(f"--text {args.text!r} is not a file")
@@ -272,7 +303,7 @@ def run_eig_cmd(args) -> int:
                                        batch_size=args.batch_size)
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
-        cfg = _model_config(args.model)
+        cfg = _model_config(args.model, args)
         from .sweep import check_strengths_for, check_tokenizer_fits
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
@@ -284,7 +315,7 @@ def run_eig_cmd(args) -> int:
         except OSError as exc:
             raise SweepError(f"--out {args.out!r}: {exc}") from None
         dev, dtype = _device_dtype(args)
-        model = _load_model(args.model, dev, dtype)
+        model = _load_model(args.model, dev, dtype, args)
         total = -(-args.samples // args.batch_size)
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,

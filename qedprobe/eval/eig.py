@@ -81,17 +81,20 @@ class EigAccumulator:
 
     ``acc.hooks()`` gives ``fwd_hooks`` for ``model.run_with_hooks`` / ``model.hooks``. Tensors
     may be ``[B, T, H, ...]`` or packed ``[1, sum T, H, ...]``; ``lambda`` ``[H]`` or ``[B, T, H]``.
+    ``layers`` (default all ``n_layers``) are recorded from the hooks
+    ``blocks.{l}.{mixer_name}.hook_*`` (``model.mixer_name``).
     """
 
     NEEDS = ("k", "b", "lambda", "d", "e", "rho", "Sd")
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, *, scale: float | None = None,
-                 layers=None, device="cpu"):
+                 layers=None, device="cpu", mixer_name: str = "attn"):
         if head_dim < 2:
             raise ValueError("EigAccumulator needs head_dim >= 2")
         self.L, self.H, self.K = int(n_layers), int(n_heads), int(head_dim)
         self.scale = float(head_dim ** -0.5 if scale is None else scale)
         self.layers = list(range(self.L)) if layers is None else [int(x) for x in layers]
+        self.mixer_name = mixer_name
         self.device = torch.device(device)
         self.edges = {name: torch.linspace(lo, hi, n + 1, dtype=torch.float64)
                       for name, (lo, hi, n) in BINS.items()}
@@ -113,7 +116,7 @@ class EigAccumulator:
         out = []
         for l in self.layers:
             for name in self.NEEDS:
-                out.append((f"blocks.{l}.attn.hook_{name}", self._make_hook(l, name)))
+                out.append((f"blocks.{l}.{self.mixer_name}.hook_{name}", self._make_hook(l, name)))
         return out
 
     def _make_hook(self, layer, name):
@@ -335,7 +338,9 @@ def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=Non
     lambda scaled by ``s`` on ``layers`` x ``heads``; returns the filled :class:`EigAccumulator`."""
     from qedprobe.model import strength as strength_cm
     cfg = model.cfg
-    acc = EigAccumulator(cfg.num_hidden_layers, cfg.num_heads, cfg.head_dim, layers=record_layers)
+    acc = EigAccumulator(cfg.num_hidden_layers, cfg.num_heads, cfg.head_dim,
+                         layers=model.mixer_layers if record_layers is None else record_layers,
+                         mixer_name=model.mixer_name)
     acc.meta = {"s": float(s), "strength_layers": layers, "strength_heads": heads,
                 "arm": getattr(cfg, "arm", None)}
     it = batches

@@ -16,6 +16,8 @@ from qedprobe.kernels.qed import ARMS
 from qedprobe.lam import LAMBDA_MAX
 from qedprobe.ops import MODES
 
+from .aliases import TLAliases
+
 
 def _positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -28,7 +30,7 @@ def _positive_float(name: str, value) -> None:
 
 
 @dataclass
-class QEDConfig:
+class QEDConfig(TLAliases):
     """Hyper-parameters of :class:`qedprobe.model.QEDModel`.
 
     ``arm`` picks the erase direction (``qedprobe.ops.ARMS``); ``gdn2`` has no ``theta``.
@@ -98,27 +100,6 @@ class QEDConfig:
     def head_v_dim(self) -> int:
         """Value dimension per head, ``V = head_dim * expand_v``."""
         return int(round(self.head_dim * self.expand_v))
-
-    # TransformerLens-style aliases (``ActivationCache`` reads ``model.cfg.n_layers``).
-    @property
-    def n_layers(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.num_heads
-
-    @property
-    def d_model(self) -> int:
-        return self.hidden_size
-
-    @property
-    def d_head(self) -> int:
-        return self.head_dim
-
-    @property
-    def d_vocab(self) -> int:
-        return self.vocab_size
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

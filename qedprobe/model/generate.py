@@ -23,7 +23,8 @@ import torch
 from .decode_step import decode_step
 from .packing import pack_prompts
 
-def _check_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab_size) -> None:
+def check_generate_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab_size) -> None:
+    """Refuse a bad option of ``generate`` with a ``ValueError`` naming it."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: `max_new_tokens` must be an int >= 0, got {max_new_tokens!r}")
     if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int)
@@ -52,7 +53,7 @@ def next_tokens(logits: torch.Tensor, *, do_sample: bool, temperature: float, to
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _until_eos(tokens: torch.Tensor, eos_token_id: int | None) -> list[list[int]]:
+def until_eos(tokens: torch.Tensor, eos_token_id: int | None) -> list[list[int]]:
     """``[N, S]`` new tokens -> per prompt, the tokens up to and including its first EOS."""
     rows = tokens.tolist()
     if eos_token_id is None:
@@ -78,7 +79,7 @@ def generate(model, prompts, max_new_tokens: int, *, eos_token_id: int | None = 
     """
     vocab = model.cfg.vocab_size
     packed = pack_prompts(prompts, vocab, model.device)
-    _check_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab)
+    check_generate_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab)
     if max_new_tokens == 0:
         return [[] for _ in packed.lengths]
     logits, states = model.run_blocks(packed.ids, states=None, cu_seqlens=packed.cu_seqlens,
@@ -101,4 +102,4 @@ def generate(model, prompts, max_new_tokens: int, *, eos_token_id: int | None = 
                 out = out[:, :i + 1]
                 break
         last = step(tokens)
-    return _until_eos(out, eos_token_id)
+    return until_eos(out, eos_token_id)

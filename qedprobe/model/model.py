@@ -16,15 +16,13 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
-from transformer_lens.utilities import Slice
 
 from . import checkpoint, generate as generation
 from .block import QEDBlock
 from .config import QEDConfig
 from .conv import ShortConvolution
+from .hooked import HookedModel
 from .mixer import MixerState
 from .norm import RMSNorm
 from .strength import lambda_scales
@@ -32,7 +30,7 @@ from .strength import lambda_scales
 PHASES = ("prefill", "decode")
 
 
-class QEDModel(HookedRootModule):
+class QEDModel(HookedModel):
     """Embedding, ``num_hidden_layers`` QED blocks, final RMSNorm, (tied) LM head."""
 
     def __init__(self, cfg: QEDConfig):
@@ -56,6 +54,11 @@ class QEDModel(HookedRootModule):
             nn.init.normal_(module.weight, mean=0.0, std=self.cfg.initializer_range)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+
+    @property
+    def mixer_layers(self) -> list[int]:
+        """Every layer runs the QED recurrence (hooks ``blocks.{l}.attn.hook_*``)."""
+        return list(range(self.cfg.num_hidden_layers))
 
     @property
     def device(self) -> torch.device:
@@ -94,7 +97,7 @@ class QEDModel(HookedRootModule):
 
     def lam_scales(self, phase: str) -> torch.Tensor | None:
         """The active strength factors of ``phase`` as ``[L, H]`` float32 on the model's device, or None."""
-        scales = lambda_scales(self, phase)
+        scales = lambda_scales(self._strength_factors, phase)
         return None if scales is None else scales.to(self.device)
 
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,
@@ -116,21 +119,6 @@ class QEDModel(HookedRootModule):
         x = self.norm(x)
         logits = F.linear(x, self.embeddings.weight) if self.lm_head is None else self.lm_head(x)
         return logits, (new_states if want_state else None)
-
-    def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
-                       pos_slice=None, **kwargs):
-        """As ``HookedRootModule.run_with_cache``, returning an ``ActivationCache`` by default.
-
-        ``pos_slice`` slices the position axis of every cached tensor (axis 1, or 0 without the
-        batch axis) and leaves per-head ``[H]`` lambda alone.
-        """
-        out, cache = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
-        if pos_slice is not None:
-            pos, cut = int(not remove_batch_dim), Slice.unwrap(pos_slice)
-            cache = {k: cut.apply(v, dim=pos) if v.dim() > pos + 1 else v for k, v in cache.items()}
-        if return_cache_object:
-            cache = ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
-        return out, cache
 
     def generate(self, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,

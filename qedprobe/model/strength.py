@@ -21,7 +21,7 @@ import torch
 
 from qedprobe.lam import check_strengths
 
-from .config import QEDConfig
+from .hooked import HookedModel
 
 PHASES = ("all", "prefill", "decode")
 
@@ -34,10 +34,10 @@ class StrengthFactor:
     phase: str
 
 
-def lambda_scales(model, phase: str) -> torch.Tensor | None:
-    """Product of the active factors that apply to ``phase`` (``"prefill"`` or ``"decode"``),
-    ``[L, H]`` float32, or None when no block applies."""
-    active = [f.factor for f in model._strength_factors if f.phase in ("all", phase)]
+def lambda_scales(factors: list[StrengthFactor], phase: str) -> torch.Tensor | None:
+    """Product of the active ``factors`` (a model's ``_strength_factors``) that apply to
+    ``phase`` (``"prefill"`` or ``"decode"``), ``[L, H]`` float32, or None when none applies."""
+    active = [f.factor for f in factors if f.phase in ("all", phase)]
     if not active:
         return None
     out = active[0]
@@ -46,20 +46,24 @@ def lambda_scales(model, phase: str) -> torch.Tensor | None:
     return out
 
 
-def _selection(name: str, value, size: int) -> list[int]:
+def index_selection(name: str, value, allowed, who: str = "strength") -> list[int]:
+    """``value`` (None: all of ``allowed``; an int; or a list of distinct ints) checked to lie in
+    ``allowed`` (a list of indices); the error names ``who`` and ``name``."""
+    allowed = list(allowed)
     if value is None:
-        return list(range(size))
+        return allowed
     items = [value] if isinstance(value, int) else value
     try:
         items = list(items)
     except TypeError:
-        raise ValueError(f"strength: `{name}` must be None, an int or a list of ints, got {value!r}") from None
-    bad = [i for i in items if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < size]
+        raise ValueError(f"{who}: `{name}` must be None, an int or a list of ints, got {value!r}") from None
+    bad = [i for i in items if isinstance(i, bool) or not isinstance(i, int) or i not in allowed]
     if not items or bad:
-        raise ValueError(f"strength: `{name}` must be a non-empty list of ints in [0, {size}), "
-                         f"got {value!r}")
+        within = (f"[0, {len(allowed)})" if allowed == list(range(len(allowed)))
+                  else f"{allowed}")
+        raise ValueError(f"{who}: `{name}` must be a non-empty list of ints in {within}, got {value!r}")
     if len(set(items)) != len(items):
-        raise ValueError(f"strength: `{name}` has repeated entries: {items}")
+        raise ValueError(f"{who}: `{name}` has repeated entries: {items}")
     return items
 
 
@@ -82,19 +86,21 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
     """Multiply lambda of the selected heads by ``s`` while the block is active.
 
     Args:
-        model: a :class:`~qedprobe.model.QEDModel`.
+        model: a :class:`~qedprobe.model.QEDModel` or a transformers model adapted with
+            :func:`qedprobe.hf.adapt` (its layers are the linear-attention layers).
         s: float, or a tensor of shape ``[len(layers), len(heads)]`` (``[L, H]`` by default).
         layers, heads: None (all), an int, or a list of distinct indices.
         phase: ``"all"``, ``"prefill"`` or ``"decode"``.
         allow_extrapolation: permit values of ``s`` outside ``[-1, 2]``.
     """
-    cfg = getattr(model, "cfg", None)
-    if not isinstance(cfg, QEDConfig) or not hasattr(model, "_strength_factors"):
-        raise ValueError(f"strength: `model` must be a QEDModel, got {type(model).__name__}")
+    if not isinstance(model, HookedModel) or not hasattr(model, "_strength_factors"):
+        raise ValueError(f"strength: `model` must be a QEDModel or an adapted transformers model "
+                         f"(qedprobe.hf.adapt), got {type(model).__name__}")
+    cfg = model.cfg
     if phase not in PHASES:
         raise ValueError(f"strength: `phase` must be one of {PHASES}, got {phase!r}")
-    rows = _selection("layers", layers, cfg.num_hidden_layers)
-    cols = _selection("heads", heads, cfg.num_heads)
+    rows = index_selection("layers", layers, model.mixer_layers)
+    cols = index_selection("heads", heads, range(cfg.num_heads))
     values = _factor_values(s, (len(rows), len(cols)))
     try:
         check_strengths(values.flatten().tolist(), arm=cfg.arm, allow_extrapolation=allow_extrapolation)

@@ -1,0 +1,116 @@
+r"""One linear-attention layer's recurrence, run by qedprobe, with the QEDModel hook vocabulary.
+
+transformers' Gated DeltaNet (GDN with scalar gates) hands over, per token, ``Hk`` q/k heads and
+``Hv = m * Hk`` value heads (value head ``j`` reads q/k head ``j // m``)::
+
+    query, key [B, T, Hk, K] (after conv + SiLU)   value [B, T, Hv, V]
+    g [B, T, Hv] (log-decay, float32)               beta [B, T, Hv] (sigmoid; x2 in OLMo-Hybrid)
+
+and its update is, per value head, ``S = exp(g) S; S += k_hat (beta (v - S^T k_hat))^T;
+o = S^T q_hat / sqrt(K)``. That is GDN-2 with ``b = beta 1_K``, ``w = beta 1_V`` and
+``g 1_K``, so :meth:`LinearAttnRecurrence.recurrence` runs ``qedprobe.ops.qed_attention`` on::
+
+    q, k = query, key repeated m times along the heads       hook_q, hook_k  [B, T, Hv, K]
+    v    = value                                             hook_v          [B, T, Hv, V]
+    b    = beta broadcast over K                             hook_b          [B, T, Hv, K]
+    w    = beta broadcast over V                             hook_w          [B, T, Hv, V]
+    g    = g broadcast over K                                hook_g          [B, T, Hv, K]
+    lambda = s * lam  (injected lam [Hv], s from strength)   hook_lambda     [Hv] (or [B, T, Hv])
+    d    = the arm's direction (only when hooked)            hook_d          [B, T, Hv, K]
+    rho, e [B, T, Hv]; Sd [B, T, Hv, V]  (read-only probes)  hook_rho, hook_e, hook_Sd
+    o    = the recurrence's output                           hook_o          [B, T, Hv, V]
+
+With lambda = 0 this is the layer as trained: ``e = 1 - beta ||k_hat||^2`` with
+``k_hat = k / sqrt(||k||^2 + 1e-6)``, i.e. ``1 - beta`` up to that epsilon. ``hook_q`` /
+``hook_k`` show q and k before the L2 normalisation the op applies, one copy per value head (a
+hook may give each value head its own). Writable hooks (q, k, v, b, w, g, lambda, d, o) return
+what the op uses; the gates may come back per channel. The copies are what grouped heads cost
+until the op takes them natively: q and k are ``m`` times larger, and ``b``, ``g`` (``[B, T, Hv,
+K]``) and ``w`` (``[B, T, Hv, V]``) are materialised where transformers passes ``[B, T, Hv]``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from qedprobe.kernels.qed import erase_direction, l2_normalize
+from qedprobe.lam import random_directions
+from qedprobe.model.hookio import observe, through
+from qedprobe.model.mixer import READ_ONLY, WRITABLE
+from qedprobe.model.strength import lambda_scales
+from qedprobe.ops import qed_attention
+
+
+class LinearAttnRecurrence(nn.Module):
+    """The qedprobe recurrence of decoder layer ``layer_idx`` (sizes from an ``HFQEDConfig``).
+
+    ``strength_factors`` is the adapted model's list of active ``strength`` blocks (shared, read
+    at every call). ``lam`` ``[Hv]`` and, for arm ``rand``, ``z`` ``[Hv, K]`` are buffers
+    (float32, not saved: the injection lives in the config).
+    """
+
+    def __init__(self, cfg, layer_idx: int, strength_factors: list):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.row = cfg.linear_layers.index(layer_idx)
+        self.group_size = cfg.group_size
+        self._strength_factors = strength_factors
+        self.register_buffer("lam", torch.zeros(cfg.num_heads), persistent=False)
+        self.register_buffer("z", None, persistent=False)
+        self.arm, self.op_mode = "gdn2", cfg.op_mode
+        for name in WRITABLE + READ_ONLY:
+            setattr(self, f"hook_{name}", HookPoint())
+        self.configure(cfg)
+
+    def configure(self, cfg) -> None:
+        """Take the arm, lambda and op mode of ``cfg`` (an ``HFQEDConfig``)."""
+        self.arm, self.op_mode = cfg.arm, cfg.op_mode
+        with torch.no_grad():
+            self.lam.copy_(torch.tensor(cfg.lam[self.row], dtype=torch.float32))
+        z = None
+        if cfg.arm == "rand":
+            z = random_directions(cfg.num_heads, cfg.head_dim, cfg.rand_seed + self.layer_idx).to(self.lam.device)
+        self.z = z
+
+    def lam_now(self, phase: str) -> torch.Tensor:
+        """``[Hv]`` float32: the injected lambda times the active strength factors of ``phase``."""
+        scales = lambda_scales(self._strength_factors, phase)
+        return self.lam if scales is None else self.lam * scales[self.layer_idx].to(self.lam.device)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, Hk, K]`` -> ``[B, T, Hv, K]`` (value head ``j`` gets q/k head ``j // m``)."""
+        return x if self.group_size == 1 else x.repeat_interleave(self.group_size, dim=2)
+
+    def recurrence(self, query, key, value, g, beta, *, phase: str, initial_state=None,
+                   output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                   cu_seqlens=None, **unused):
+        """transformers' ``torch_{chunk,recurrent}_gated_delta_rule`` signature (see module
+        docstring) -> ``(o [B, T, Hv, V] in value's dtype, state [N, Hv, K, V] float32 or None)``.
+
+        ``unused``: the keyword arguments transformers' own PyTorch functions also ignore
+        (``chunk_size`` and what the layer's ``**kwargs`` carry).
+        """
+        B, T, Hv, V = value.shape
+        K = query.shape[-1]
+        q = through(self.hook_q, self._heads(query))
+        k = through(self.hook_k, self._heads(key))
+        v = through(self.hook_v, value)
+        b = through(self.hook_b, beta.unsqueeze(-1).expand(B, T, Hv, K))
+        w = through(self.hook_w, beta.unsqueeze(-1).expand(B, T, Hv, V))
+        g = through(self.hook_g, g.unsqueeze(-1).expand(B, T, Hv, K))
+        lam = through(self.hook_lambda, self.lam_now(phase), (Hv,), (B, T, Hv))
+        d = None
+        if self.hook_d.has_hooks(dir="fwd"):
+            ct = torch.promote_types(q.dtype, torch.float32)
+            d = through(self.hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
+                                                     b.to(ct), self.arm, self.z))
+        want_probes = any(getattr(self, f"hook_{n}").has_hooks(dir="fwd") for n in READ_ONLY)
+        o, state, probes = qed_attention(
+            q, k, v, g, b, w, lam, mode=self.op_mode, arm=self.arm, z=self.z, d=d,
+            initial_state=initial_state, output_final_state=output_final_state,
+            return_probes=want_probes, use_qk_l2norm=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+        if want_probes:
+            for name in READ_ONLY:
+                observe(getattr(self, f"hook_{name}"), probes[name])
+        return through(self.hook_o, o), state

@@ -1,0 +1,100 @@
+r"""The seam: transformers' recurrence functions, routed to qedprobe for adapted layers only.
+
+Every supported Gated DeltaNet layer's ``forward`` (transformers 5.x) projects, convolves
+(``causal_conv1d_fn`` / ``_update``, reading and writing the cache's conv state), computes
+``beta = sigmoid(b)`` and ``g = -exp(A_log) softplus(a + dt_bias)``, then calls one of two
+functions of its modeling module, by name::
+
+    torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=S, output_final_state=.,
+                                 use_qk_l2norm_in_kernel=True, cu_seqlens=.)   # prompt / no cache
+    torch_recurrent_gated_delta_rule(...)                                     # one cached token
+
+and finally stores the returned state in its cache and applies its gated RMSNorm and output
+projection. Those two names are the only thing replaced: :func:`install` puts a
+:class:`RecurrenceRoute` in their place in the modeling module. The route calls what was there
+before (transformers' function: fla's kernel when fla is installed, else its PyTorch code)
+unless the calling layer is adapted, in which case it calls that layer's qedprobe recurrence.
+A layer is "calling" while its ``forward`` runs: :func:`attach` sets it in a context variable
+with a forward pre-hook and clears it with a forward hook that also runs on exceptions. So
+models that were never adapted, in the same process, run exactly as before, and everything else
+of an adapted model (projections, conv, norm, softmax attention, MoE, cache, ``generate``) stays
+transformers'.
+
+The chunk function is the **prefill** phase (a prompt, or a pass without a cache), the
+recurrent one the **decode** phase (one new token continuing the cached state), as for
+``qedprobe.model.strength(..., phase=...)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+
+ROUTED = {"torch_chunk_gated_delta_rule": "prefill", "torch_recurrent_gated_delta_rule": "decode"}
+"""Name in the modeling module -> the phase its calls are."""
+
+_ACTIVE = contextvars.ContextVar("qedprobe_hf_active_layer", default=None)
+
+
+class RecurrenceRoute:
+    """Stands in for one of transformers' recurrence functions (see the module docstring)."""
+
+    def __init__(self, original, phase: str):
+        self.original, self.phase = original, phase
+        self.__wrapped__ = original
+
+    def __call__(self, query, key, value, *args, **kwargs):
+        layer = _ACTIVE.get()
+        if layer is None:
+            return self.original(query, key, value, *args, **kwargs)
+        return layer.recurrence(query, key, value, *args, phase=self.phase, **kwargs)
+
+
+def install(module_name: str) -> None:
+    """Put a :class:`RecurrenceRoute` in place of each function of :data:`ROUTED` in the
+    modeling module ``module_name`` (once; later calls leave it)."""
+    mod = importlib.import_module(module_name)
+    for name, phase in ROUTED.items():
+        fn = getattr(mod, name)
+        if not isinstance(fn, RecurrenceRoute):
+            setattr(mod, name, RecurrenceRoute(fn, phase))
+
+
+def attach(module, recurrence) -> list:
+    """Make ``recurrence`` the active layer while ``module`` (a transformers Gated DeltaNet)
+    runs its forward; returns the two hook handles (``handle.remove()`` detaches)."""
+    tokens = []
+
+    def enter(mod, args):
+        tokens.append(_ACTIVE.set(recurrence))
+
+    def leave(mod, args, out):
+        _ACTIVE.reset(tokens.pop())
+
+    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+
+
+def torch_function(fn):
+    """transformers' own PyTorch implementation behind ``fn`` (a route, or transformers'
+    wrapper that picks fla's kernel when fla is installed): the innermost ``__wrapped__``."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+@contextlib.contextmanager
+def transformers_torch_path(module_name: str):
+    """Inside the block, every layer of the modeling module ``module_name`` that is not adapted
+    runs transformers' PyTorch recurrence (``torch_chunk_gated_delta_rule`` /
+    ``torch_recurrent_gated_delta_rule`` as written in transformers), even when fla is
+    installed: the reference that an adapted model is compared with."""
+    install(module_name)
+    mod = importlib.import_module(module_name)
+    routes = [getattr(mod, name) for name in ROUTED]
+    try:
+        for route in routes:
+            route.original = torch_function(route.__wrapped__)
+        yield
+    finally:
+        for route in routes:
+            route.original = route.__wrapped__

@@ -1,0 +1,213 @@
+"""qedprobe.hf on tiny random transformers models of every supported family (CPU, nothing
+downloaded).
+
+The reference is the unmodified transformers model on transformers' own PyTorch recurrence
+(``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``), forced with
+``transformers_torch_path``: with fla installed (as in CI) transformers would otherwise call
+fla's kernels. The adapted model runs qedprobe's op instead (on CPU: the PyTorch chunk path for
+prompts, the token loop for decode steps); the two are different algorithms, so they agree to
+float32 rounding, not bit for bit.
+"""
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
+
+from qedprobe.hf import SUPPORTED, UnsupportedModelError, adapt, inject_qed
+from qedprobe.hooks import ProbeRecorder
+from qedprobe.kernels.qed import qed_naive
+from qedprobe.lam import random_directions
+from qedprobe.model import strength
+
+from _hf_tiny import FAMILY_NAMES, one_thread, tiny_hf, token_ids, torch_reference
+
+F32 = dict(rtol=1e-5, atol=5e-5)  # float32 rounding of two chunk algorithms over 24 tokens
+NEW = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_thread():
+        yield
+
+
+def _reference(model, ids, prompt):
+    with torch.no_grad(), torch_reference(model):
+        logits = model(ids).logits
+        gen = model.generate(prompt, max_new_tokens=NEW, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)
+    return logits, gen
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_lambda_zero_matches_transformers_forward_and_generate(family):
+    hf = tiny_hf(family)
+    ids, prompt = token_ids(), token_ids(t=8, seed=2)
+    ref_logits, ref_gen = _reference(hf, ids, prompt)
+    model = adapt(hf)
+    assert model.hf_model is hf and model.mixer_layers == [0, 2, 3]
+    torch.testing.assert_close(model(ids), ref_logits, **F32)
+    shapes = []
+    with torch.no_grad(), model.hooks(fwd_hooks=[("blocks.2.linear_attn.hook_o",
+                                                  lambda o, hook: shapes.append(tuple(o.shape[:3])))]):
+        gen = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, pad_token_id=0)
+    assert shapes == [(2, 8, 4)] + [(2, 1, 4)] * (NEW - 1)  # qedprobe ran the prefill and every step
+    assert torch.equal(gen.sequences, ref_gen.sequences)
+    for step, ref in zip(gen.logits, ref_gen.logits, strict=True):
+        torch.testing.assert_close(step, ref, **F32)
+    assert model.generate(prompt, NEW) == ref_gen.sequences[:, 8:].tolist()
+
+
+def _linear_input(model, layer, ids):
+    """Logits, cache and the hidden state entering transformers' ``layers[layer].linear_attn``."""
+    seen = {}
+    deltanet = model.hf_model.model.layers[layer].linear_attn
+    def grab(mod, args, kwargs):
+        seen["x"] = kwargs["hidden_states"]
+    handle = deltanet.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        logits, cache = model.run_with_cache(ids)
+    finally:
+        handle.remove()
+    return logits, cache, deltanet, seen["x"]
+
+
+def _beta(family, deltanet, x):
+    """beta ``[B, T, Hv]`` computed from the transformers layer's own projection."""
+    if family == "olmo_hybrid":
+        return 2 * deltanet.b_proj(x).sigmoid()  # linear_allow_neg_eigval
+    return deltanet.in_proj_b(x).sigmoid()
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
+def test_probe_shapes_and_erase_eigenvalue(family):
+    model = adapt(tiny_hf(family))
+    ids = token_ids()
+    B, T = ids.shape
+    Hv, K, V = 4, 16, model.cfg.head_v_dim
+    _, cache, deltanet, x = _linear_input(model, 2, ids)
+    p = {n: cache[f"blocks.2.linear_attn.hook_{n}"] for n in ("q", "k", "v", "b", "w", "g", "lambda", "d", "rho", "Sd", "e", "o")}
+    shapes = {"q": (B, T, Hv, K), "k": (B, T, Hv, K), "v": (B, T, Hv, V), "b": (B, T, Hv, K),
+              "w": (B, T, Hv, V), "g": (B, T, Hv, K), "lambda": (Hv,), "d": (B, T, Hv, K),
+              "rho": (B, T, Hv), "Sd": (B, T, Hv, V), "e": (B, T, Hv), "o": (B, T, Hv, V)}
+    assert {n: tuple(t.shape) for n, t in p.items()} == shapes
+    assert torch.equal(p["q"][:, :, 0], p["q"][:, :, 1]) and torch.equal(p["k"][:, :, 2], p["k"][:, :, 3])
+    assert not torch.equal(p["k"][:, :, 1], p["k"][:, :, 2])  # value heads 0,1 read key head 0; 2,3 key head 1
+    beta = _beta(family, deltanet, x)
+    torch.testing.assert_close(p["b"], beta.unsqueeze(-1).expand(B, T, Hv, K), rtol=0, atol=0)
+    torch.testing.assert_close(p["w"], beta.unsqueeze(-1).expand(B, T, Hv, V), rtol=0, atol=0)
+    kk = (p["k"].double() ** 2).sum(-1)
+    e, beta = p["e"].double(), beta.double()
+    torch.testing.assert_close(e, 1 - beta * kk / (kk + 1e-6), rtol=0, atol=1e-6)  # ||k_hat||^2 = kk / (kk + eps)
+    assert float((e - (1 - beta)).abs().max()) > 1e-5  # the epsilon is visible: e is not 1 - beta
+    assert torch.equal(p["lambda"], torch.zeros(Hv)) and not p["d"].any()
+
+
+def test_zeroing_b_changes_the_output():
+    model = adapt(tiny_hf("qwen3_5"))
+    ids = token_ids()
+    logits, cache = model.run_with_cache(ids)
+    zero_b = [("blocks.2.linear_attn.hook_b", lambda b, hook: torch.zeros_like(b))]
+    with model.hooks(fwd_hooks=zero_b):
+        _, hooked_cache = model.run_with_cache(ids)
+        hooked = model(ids)
+    assert torch.equal(hooked_cache["blocks.0.linear_attn.hook_o"], cache["blocks.0.linear_attn.hook_o"])
+    o, o_hooked = cache["blocks.2.linear_attn.hook_o"], hooked_cache["blocks.2.linear_attn.hook_o"]
+    assert float((o_hooked - o).abs().max()) > 1e-3 * float(o.abs().max())
+    assert float((hooked - logits).abs().max()) > 1e-2  # (the gated RMSNorm rescales o per token)
+    assert torch.equal(model(ids), logits)  # the hook is gone after the block
+
+
+def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
+    model = adapt(tiny_hf("qwen3_next"))
+    ids = token_ids()
+    base = model(ids)
+    inject_qed(model, 0.2, arm="full")
+    assert model.cfg.arm == "full" and model.cfg.lam == ((0.2,) * 4,) * 3
+    logits, cache = model.run_with_cache(ids)
+    assert float((logits - base).abs().max()) > 1e-2
+    with torch.no_grad(), strength(model, 0.0):
+        torch.testing.assert_close(model(ids), base, rtol=0, atol=1e-6)
+    with strength(model, 1.5, layers=[2], heads=[2]):
+        assert cache["blocks.2.linear_attn.hook_lambda"].tolist() == pytest.approx([0.2] * 4)
+        lam = model.run_with_cache(ids)[1]["blocks.2.linear_attn.hook_lambda"]
+        assert lam.tolist() == pytest.approx([0.2, 0.2, 0.3, 0.2])
+    # e = 1 - a.k_hat, a = beta k_hat + lam d; the projected direction leaves only the epsilon's part
+    c = {n: cache[f"blocks.0.linear_attn.hook_{n}"].double() for n in ("k", "b", "d", "e")}
+    k_hat = c["k"] / torch.sqrt((c["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    gdn2_e = 1 - (c["b"] * k_hat ** 2).sum(-1)
+    torch.testing.assert_close(c["e"], gdn2_e - 0.2 * (c["d"] * k_hat).sum(-1), rtol=0, atol=1e-6)
+    assert float((c["e"] - gdn2_e).abs().max()) < 1e-4 < float((c["d"] ** 2).sum(-1).sqrt().max())
+    inject_qed(model, 0.0, arm="full")
+    torch.testing.assert_close(model(ids), base, rtol=0, atol=1e-6)
+
+
+def test_injection_selects_layers_and_heads_and_feeds_the_op():
+    """arm rand on layer 3, heads 1 and 3: hook_o is qed_naive (float64) on the hooked inputs."""
+    model = adapt(tiny_hf("qwen3_5_moe"))
+    ids = token_ids(t=12)
+    inject_qed(model, torch.tensor([[0.1, 0.25]]), arm="rand", layers=[3], heads=[1, 3], rand_seed=5)
+    _, cache = model.run_with_cache(ids)
+    assert cache["blocks.3.linear_attn.hook_lambda"].tolist() == pytest.approx([0, 0.1, 0, 0.25])
+    assert not cache["blocks.0.linear_attn.hook_lambda"].any()
+    x = {n: cache[f"blocks.3.linear_attn.hook_{n}"].double() for n in ("q", "k", "v", "g", "b", "w", "lambda")}
+    o, _, probes = qed_naive(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lambda"], arm="rand",
+                             z=random_directions(4, 16, 5 + 3).double(), return_probes=True)
+    torch.testing.assert_close(cache["blocks.3.linear_attn.hook_o"].double(), o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache["blocks.3.linear_attn.hook_Sd"].double(), probes["Sd"], rtol=1e-5, atol=1e-5)
+
+
+def test_strength_phases_in_generate_and_recorders_in_every_step():
+    model = inject_qed(adapt(tiny_hf("olmo_hybrid")), 0.1, arm="nogate_noproj")
+    seen = []
+    record = lambda lam, hook: seen.append(round(float(lam[0]), 6))  # noqa: E731
+    rec = ProbeRecorder(model, probes=("e", "rho"), layers=[0, 2])
+    with strength(model, 2.0, phase="decode"), model.hooks(fwd_hooks=[("blocks.0.linear_attn.hook_lambda", record)]), \
+            rec.attach():
+        new = model.generate([[5, 6, 7, 8, 9], [10, 11, 12]], 4)
+    assert [len(t) for t in new] == [4, 4]
+    assert sorted(seen) == [0.1, 0.1] + [0.2] * 6  # two prompt lengths: two prefills, 3 decode steps each
+    assert rec.stats[("e", 2)].count.tolist() == [5 + 3 + 2 * 3] * 4
+    _, cache = model.run_with_cache(token_ids())  # unprojected arm: e = 1 - beta ||k_hat||^2 - lam rho
+    k, b = cache["blocks.0.linear_attn.hook_k"].double(), cache["blocks.0.linear_attn.hook_b"].double()
+    k_hat = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + 1e-6)
+    expect = 1 - (b * k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()
+    torch.testing.assert_close(cache["blocks.0.linear_attn.hook_e"].double(), expect, rtol=0, atol=1e-6)
+
+
+def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    with pytest.raises(UnsupportedModelError, match="model type 'llama' is not supported; supported model types: qwen3_5"):
+        adapt(llama)
+    llama.save_pretrained(tmp_path / "llama")
+    with pytest.raises(UnsupportedModelError, match="olmo_hybrid"):
+        adapt(tmp_path / "llama")
+    with pytest.raises(ValueError, match="not a model folder"):
+        adapt(tmp_path / "nowhere")
+    assert set(SUPPORTED) >= {"qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"}
+    hf = tiny_hf("qwen3_5")
+    model = adapt(hf)
+    with pytest.raises(ValueError, match="adapted already"):
+        adapt(hf)
+    for kwargs, match in (({"lam": -0.1}, r"in \[0, 0.25\]"), ({"lam": 0.3}, "allow_extrapolation"),
+                          ({"lam": torch.zeros(2, 2)}, r"shape \[layers, heads\] = \(3, 4\)"),
+                          ({"lam": 0.1, "arm": "qed"}, "`arm` must be one of"),
+                          ({"lam": 0.1, "arm": "gdn2"}, "no erase direction"),
+                          ({"lam": 0.1, "layers": [1]}, r"`layers` must be .* in \[0, 2, 3\]")):
+        with pytest.raises(ValueError, match=match):
+            inject_qed(model, **kwargs)
+    with pytest.raises(ValueError, match="`model` must be an HFQEDModel"):
+        inject_qed(hf, 0.1)
+    inject_qed(model, 0.1)
+    with pytest.raises(ValueError, match=r"`layers` must be .* in \[0, 2, 3\]"):
+        with strength(model, 1.5, layers=[1]):
+            pass
+    with pytest.raises(ValueError, match="`generator` is not supported"):
+        model.generate([[3, 4]], 2, do_sample=True, generator=torch.Generator())
+    with pytest.raises(ValueError, match=r"token ids must be ints in \[0, 160\)"):
+        model.generate([[3, 400]], 2)
+    assert model.detach() is hf
+    adapt(hf)  # detached: may be adapted again
