@@ -94,7 +94,7 @@ def test_probe_shapes_and_erase_eigenvalue(family):
     assert {n: tuple(t.shape) for n, t in p.items()} == shapes
     assert torch.equal(p["q"][:, :, 0], p["q"][:, :, 1]) and torch.equal(p["k"][:, :, 2], p["k"][:, :, 3])
     assert not torch.equal(p["k"][:, :, 1], p["k"][:, :, 2])  # value heads 0,1 read key head 0; 2,3 key head 1
-    beta = _beta(family, deltanet, x)
+    beta = _beta(family, deltanet, x).detach()
     torch.testing.assert_close(p["b"], beta.unsqueeze(-1).expand(B, T, Hv, K), rtol=0, atol=0)
     torch.testing.assert_close(p["w"], beta.unsqueeze(-1).expand(B, T, Hv, V), rtol=0, atol=0)
     kk = (p["k"].double() ** 2).sum(-1)
