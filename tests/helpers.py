@@ -1,6 +1,7 @@
 """What the tests share: random op inputs, comparisons, the GPU marks, tiny models, and an
 independent NumPy oracle. Test modules import from here (``tests/conftest.py`` puts this folder
 on ``sys.path``), never from each other."""
+import contextlib
 from functools import partial
 
 import numpy as np
@@ -135,6 +136,61 @@ def tiny_model(arm="full", seed=0):
 def saved_tiny_model(folder, arm="full", seed=0):
     tiny_model(arm, seed).save_pretrained(folder)
     return str(folder)
+
+
+# --- tiny transformers models (qedprobe.hf) ----------------------------------------------------
+# Built by transformers itself, nothing downloaded: hidden size 64, 4 decoder layers (linear
+# attention at 0, 2, 3 and softmax attention at 1, so a layer's index differs from its rank among
+# the linear ones), grouped value heads (2 q/k heads, 4 value heads). ``initializer_range`` 0.1:
+# transformers' 0.02 makes a tiny model's recurrence contribute almost nothing.
+
+HF_VOCAB = 160
+HF_COMMON = dict(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, linear_num_key_heads=2,
+                 linear_num_value_heads=4, linear_key_head_dim=16, initializer_range=0.1,
+                 layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+HF_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+HF_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid")
+
+
+def tiny_hf(family: str, seed: int = 0):
+    """A tiny random ``...ForCausalLM`` of ``family`` (one of :data:`HF_FAMILIES`), eval mode, float32."""
+    from transformers import (AutoModelForCausalLM, OlmoHybridConfig, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
+                              Qwen3NextConfig)
+    configs = {
+        "qwen3_5": lambda: Qwen3_5TextConfig(**HF_COMMON, head_dim=16, linear_value_head_dim=16),
+        "qwen3_5_moe": lambda: Qwen3_5MoeTextConfig(**HF_COMMON, **HF_MOE, head_dim=16, linear_value_head_dim=16),
+        "qwen3_next": lambda: Qwen3NextConfig(**HF_COMMON, **HF_MOE, head_dim=16, linear_value_head_dim=16),
+        # OLMo-Hybrid: V = 2K and beta in (0, 2) (linear_allow_neg_eigval, its default).
+        "olmo_hybrid": lambda: OlmoHybridConfig(**HF_COMMON, linear_value_head_dim=32, pad_token_id=0,
+                                                eos_token_id=1),
+    }
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(configs[family]()).eval()
+
+
+def hf_torch_reference(model):
+    """Context: transformers' own PyTorch recurrence for ``model``'s (unadapted) layers, not the
+    fla kernels transformers picks when fla is installed."""
+    from qedprobe.hf import transformers_torch_path
+    from qedprobe.hf.families import modeling_module_name
+    return transformers_torch_path(modeling_module_name(model.config.model_type))
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One torch thread while the block runs (tiny models run faster so on a loaded 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def hf_ids(n: int = 2, t: int = 24, seed: int = 1) -> torch.Tensor:
+    """Token ids ``[n, t]`` for :func:`tiny_hf` models."""
+    return torch.randint(2, HF_VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
 # --- an independent oracle --------------------------------------------------------------------

@@ -19,7 +19,7 @@ from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
 from qedprobe.model import strength
 
-from _hf_tiny import FAMILY_NAMES, one_thread, tiny_hf, token_ids, torch_reference
+from helpers import HF_FAMILIES, hf_ids, hf_torch_reference, one_thread, tiny_hf
 
 F32 = dict(rtol=1e-5, atol=5e-5)  # float32 rounding of two chunk algorithms over 24 tokens
 NEW = 16
@@ -32,17 +32,17 @@ def _one_thread():
 
 
 def _reference(model, ids, prompt):
-    with torch.no_grad(), torch_reference(model):
+    with torch.no_grad(), hf_torch_reference(model):
         logits = model(ids).logits
         gen = model.generate(prompt, max_new_tokens=NEW, do_sample=False, output_logits=True,
                              return_dict_in_generate=True, pad_token_id=0)
     return logits, gen
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("family", HF_FAMILIES)
 def test_lambda_zero_matches_transformers_forward_and_generate(family):
     hf = tiny_hf(family)
-    ids, prompt = token_ids(), token_ids(t=8, seed=2)
+    ids, prompt = hf_ids(), hf_ids(t=8, seed=2)
     ref_logits, ref_gen = _reference(hf, ids, prompt)
     model = adapt(hf)
     assert model.hf_model is hf and model.mixer_layers == [0, 2, 3]
@@ -81,9 +81,10 @@ def _beta(family, deltanet, x):
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
+@torch.no_grad()
 def test_probe_shapes_and_erase_eigenvalue(family):
     model = adapt(tiny_hf(family))
-    ids = token_ids()
+    ids = hf_ids()
     B, T = ids.shape
     Hv, K, V = 4, 16, model.cfg.head_v_dim
     _, cache, deltanet, x = _linear_input(model, 2, ids)
@@ -94,7 +95,7 @@ def test_probe_shapes_and_erase_eigenvalue(family):
     assert {n: tuple(t.shape) for n, t in p.items()} == shapes
     assert torch.equal(p["q"][:, :, 0], p["q"][:, :, 1]) and torch.equal(p["k"][:, :, 2], p["k"][:, :, 3])
     assert not torch.equal(p["k"][:, :, 1], p["k"][:, :, 2])  # value heads 0,1 read key head 0; 2,3 key head 1
-    beta = _beta(family, deltanet, x).detach()
+    beta = _beta(family, deltanet, x)
     torch.testing.assert_close(p["b"], beta.unsqueeze(-1).expand(B, T, Hv, K), rtol=0, atol=0)
     torch.testing.assert_close(p["w"], beta.unsqueeze(-1).expand(B, T, Hv, V), rtol=0, atol=0)
     kk = (p["k"].double() ** 2).sum(-1)
@@ -104,9 +105,10 @@ def test_probe_shapes_and_erase_eigenvalue(family):
     assert torch.equal(p["lambda"], torch.zeros(Hv)) and not p["d"].any()
 
 
+@torch.no_grad()
 def test_zeroing_b_changes_the_output():
     model = adapt(tiny_hf("qwen3_5"))
-    ids = token_ids()
+    ids = hf_ids()
     logits, cache = model.run_with_cache(ids)
     zero_b = [("blocks.2.linear_attn.hook_b", lambda b, hook: torch.zeros_like(b))]
     with model.hooks(fwd_hooks=zero_b):
@@ -119,9 +121,10 @@ def test_zeroing_b_changes_the_output():
     assert torch.equal(model(ids), logits)  # the hook is gone after the block
 
 
+@torch.no_grad()
 def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
     model = adapt(tiny_hf("qwen3_next"))
-    ids = token_ids()
+    ids = hf_ids()
     base = model(ids)
     inject_qed(model, 0.2, arm="full")
     assert model.cfg.arm == "full" and model.cfg.lam == ((0.2,) * 4,) * 3
@@ -146,7 +149,7 @@ def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
 def test_injection_selects_layers_and_heads_and_feeds_the_op():
     """arm rand on layer 3, heads 1 and 3: hook_o is qed_naive (float64) on the hooked inputs."""
     model = adapt(tiny_hf("qwen3_5_moe"))
-    ids = token_ids(t=12)
+    ids = hf_ids(t=12)
     inject_qed(model, torch.tensor([[0.1, 0.25]]), arm="rand", layers=[3], heads=[1, 3], rand_seed=5)
     _, cache = model.run_with_cache(ids)
     assert cache["blocks.3.linear_attn.hook_lambda"].tolist() == pytest.approx([0, 0.1, 0, 0.25])
@@ -169,7 +172,7 @@ def test_strength_phases_in_generate_and_recorders_in_every_step():
     assert [len(t) for t in new] == [4, 4]
     assert sorted(seen) == [0.1, 0.1] + [0.2] * 6  # two prompt lengths: two prefills, 3 decode steps each
     assert rec.stats[("e", 2)].count.tolist() == [5 + 3 + 2 * 3] * 4
-    _, cache = model.run_with_cache(token_ids())  # unprojected arm: e = 1 - beta ||k_hat||^2 - lam rho
+    _, cache = model.run_with_cache(hf_ids())  # unprojected arm: e = 1 - beta ||k_hat||^2 - lam rho
     k, b = cache["blocks.0.linear_attn.hook_k"].double(), cache["blocks.0.linear_attn.hook_b"].double()
     k_hat = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + 1e-6)
     expect = 1 - (b * k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()

@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 from qedprobe.cli import main
 from qedprobe.eval.tasks import NIAHTask, NOISE_TEXT
 
-from _hf_tiny import COMMON, one_thread
+from helpers import HF_COMMON, one_thread
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PLACEHOLDER = "path/to/Qwen3.5-0.8B"
@@ -39,7 +39,7 @@ def _tokenizer(folder: Path) -> None:
 def qwen_folder(tmp_path_factory):
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
     folder = tmp_path_factory.mktemp("qwen35")
-    text = {**COMMON, "vocab_size": 320, "head_dim": 16, "linear_value_head_dim": 16}
+    text = {**HF_COMMON, "vocab_size": 320, "head_dim": 16, "linear_value_head_dim": 16}
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   patch_size=4, num_position_embeddings=16)
     torch.manual_seed(0)
@@ -92,7 +92,7 @@ def test_cli_sweep_and_eig_on_a_transformers_folder(qwen_folder, tmp_path, capsy
     assert "pass --qed-lambda" in capsys.readouterr().err
     assert main(["sweep", "--model", str(qwen_folder), "--lengths", str(L), "--samples", "2", "--layers", "1",
                  "--qed-lambda", "0.1", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
-    assert "--layers [1] outside [0, 2, 3]" in capsys.readouterr().err
+    assert "linear-attention layers [0, 2, 3] only" in capsys.readouterr().err
 
     assert main(["eig", "--model", str(qwen_folder), "--length", str(L), "--samples", "1",
                  "--qed-lambda", "0.05", "--out", str(tmp_path / "eig"), "--no-progress"]) == 0

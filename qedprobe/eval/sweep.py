@@ -703,3 +703,6 @@ def check_model(nt, cfg, strengths, layers=None, heads=None) -> None:
                             ("--heads", heads, getattr(cfg, "num_heads", None))):
         if sel is not None and size is not None and any(not 0 <= i < size for i in sel):
             raise SweepError(f"{name} {sel} outside 0..{size - 1}")
+    linear = getattr(cfg, "linear_layers", None)  # a transformers model (qedprobe.hf): lambda lives there only
+    if layers is not None and linear is not None and any(i not in linear for i in layers):
+        raise SweepError(f"--layers {layers}: the recurrence runs in the linear-attention layers {list(linear)} only")

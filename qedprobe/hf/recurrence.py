@@ -37,7 +37,6 @@ from transformer_lens.hook_points import HookPoint
 from qedprobe.kernels.qed import erase_direction, l2_normalize
 from qedprobe.lam import random_directions
 from qedprobe.model.hookio import observe, through
-from qedprobe.model.mixer import READ_ONLY, WRITABLE
 from qedprobe.model.strength import lambda_scales
 from qedprobe.ops import qed_attention
 
@@ -59,9 +58,25 @@ class LinearAttnRecurrence(nn.Module):
         self.register_buffer("lam", torch.zeros(cfg.num_heads), persistent=False)
         self.register_buffer("z", None, persistent=False)
         self.arm, self.op_mode = "gdn2", cfg.op_mode
-        for name in WRITABLE + READ_ONLY:
-            setattr(self, f"hook_{name}", HookPoint())
+        # Inputs of the recurrence: writable (a hook's return value is what the op uses).
+        self.hook_q = HookPoint()  # [B, T, Hv, K] q/k head j // m for value head j, before the L2 norm
+        self.hook_k = HookPoint()  # [B, T, Hv, K] idem
+        self.hook_v = HookPoint()  # [B, T, Hv, V]
+        self.hook_b = HookPoint()  # [B, T, Hv, K] erase gate: beta broadcast over K
+        self.hook_w = HookPoint()  # [B, T, Hv, V] write gate: beta broadcast over V
+        self.hook_g = HookPoint()  # [B, T, Hv, K] log-decay broadcast over K
+        self.hook_lambda = HookPoint()  # [Hv], or [B, T, Hv] when a hook returns per-token values
+        self.hook_d = HookPoint()  # [B, T, Hv, K] erase direction (computed only when hooked)
+        self.hook_o = HookPoint()  # [B, T, Hv, V] output of the recurrence, before the gated norm
+        # Probes of the recurrence: read-only observations (requested only when hooked).
+        self.hook_rho = HookPoint()  # [B, T, Hv] q_hat . k_hat
+        self.hook_Sd = HookPoint()  # [B, T, Hv, V] S_bar^T d
+        self.hook_e = HookPoint()  # [B, T, Hv] erase eigenvalue 1 - a . k_hat
         self.configure(cfg)
+
+    def probe_hooks(self) -> dict[str, HookPoint]:
+        """The read-only probe hook points by probe name (the op's ``probes`` keys)."""
+        return {"rho": self.hook_rho, "Sd": self.hook_Sd, "e": self.hook_e}
 
     def configure(self, cfg) -> None:
         """Take the arm, lambda and op mode of ``cfg`` (an ``HFQEDConfig``)."""
@@ -105,12 +120,13 @@ class LinearAttnRecurrence(nn.Module):
             ct = torch.promote_types(q.dtype, torch.float32)
             d = through(self.hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
                                                      b.to(ct), self.arm, self.z))
-        want_probes = any(getattr(self, f"hook_{n}").has_hooks(dir="fwd") for n in READ_ONLY)
+        probe_hooks = self.probe_hooks()
+        want_probes = any(hook.has_hooks(dir="fwd") for hook in probe_hooks.values())
         o, state, probes = qed_attention(
             q, k, v, g, b, w, lam, mode=self.op_mode, arm=self.arm, z=self.z, d=d,
             initial_state=initial_state, output_final_state=output_final_state,
             return_probes=want_probes, use_qk_l2norm=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
         if want_probes:
-            for name in READ_ONLY:
-                observe(getattr(self, f"hook_{name}"), probes[name])
+            for name, hook in probe_hooks.items():
+                observe(hook, probes[name])
         return through(self.hook_o, o), state
