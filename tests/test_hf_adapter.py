@@ -88,7 +88,8 @@ def test_probe_shapes_and_erase_eigenvalue(family):
     B, T = ids.shape
     Hv, K, V = 4, 16, model.cfg.head_v_dim
     _, cache, deltanet, x = _linear_input(model, 2, ids)
-    p = {n: cache[f"blocks.2.linear_attn.hook_{n}"] for n in ("q", "k", "v", "b", "w", "g", "lambda", "d", "rho", "Sd", "e", "o")}
+    names = ("q", "k", "v", "b", "w", "g", "lambda", "d", "rho", "Sd", "e", "o")
+    p = {n: cache[f"blocks.2.linear_attn.hook_{n}"] for n in names}
     shapes = {"q": (B, T, Hv, K), "k": (B, T, Hv, K), "v": (B, T, Hv, V), "b": (B, T, Hv, K),
               "w": (B, T, Hv, V), "g": (B, T, Hv, K), "lambda": (Hv,), "d": (B, T, Hv, K),
               "rho": (B, T, Hv), "Sd": (B, T, Hv, V), "e": (B, T, Hv), "o": (B, T, Hv, V)}
@@ -183,7 +184,7 @@ def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))
-    with pytest.raises(UnsupportedModelError, match="model type 'llama' is not supported; supported model types: qwen3_5"):
+    with pytest.raises(UnsupportedModelError, match="type 'llama' is not supported; supported model types: qwen3_5"):
         adapt(llama)
     llama.save_pretrained(tmp_path / "llama")
     with pytest.raises(UnsupportedModelError, match="olmo_hybrid"):

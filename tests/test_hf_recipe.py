@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 
 from qedprobe.cli import main
-from qedprobe.eval.tasks import NIAHTask, NOISE_TEXT
+from qedprobe.eval.tasks import NOISE_TEXT, NIAHTask
 
 from helpers import HF_COMMON, one_thread
 

@@ -63,10 +63,11 @@ def deltanet_class(model_type: str) -> type:
 class HFQEDConfig(TLAliases):
     """Sizes of the recurrence of a transformers model, and the QED term injected into it.
 
-    ``hidden_size`` is the residual width; ``num_hidden_layers`` counts every decoder layer; ``linear_layers`` are those with a
-    Gated DeltaNet (the others are softmax attention). Per linear-attention layer: ``num_heads``
-    value heads (the heads of every probe), ``num_key_heads`` q/k heads (value head ``j`` reads
-    q/k head ``j // (num_heads // num_key_heads)``), ``head_dim`` K, ``head_v_dim`` V.
+    ``hidden_size`` is the residual width; ``num_hidden_layers`` counts every decoder layer;
+    ``linear_layers`` are those with a Gated DeltaNet (the others are softmax attention). Per
+    linear-attention layer: ``num_heads`` value heads (the heads of every probe),
+    ``num_key_heads`` q/k heads (value head ``j`` reads q/k head
+    ``j // (num_heads // num_key_heads)``), ``head_dim`` K, ``head_v_dim`` V.
     ``arm`` and ``lam`` (one tuple of ``num_heads`` floats per linear layer, in the order of
     ``linear_layers``) are the injected erase term (``"gdn2"`` and zeros: the model as trained);
     ``rand_seed`` seeds the ``rand`` arm's directions (layer ``l`` uses ``rand_seed + l``);

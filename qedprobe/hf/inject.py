@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from qedprobe.lam import LAMBDA_MAX
-from qedprobe.model.strength import index_selection
+from qedprobe.model.strength import grid_values, index_selection
 from qedprobe.ops import ARMS
 
 from .families import HFQEDConfig
@@ -27,15 +27,7 @@ from .model import HFQEDModel
 def _lam_values(lam, shape: tuple, allow_extrapolation: bool) -> torch.Tensor:
     """``lam`` (a number or a ``shape`` tensor) as float64 ``shape``, checked to be finite and,
     unless ``allow_extrapolation``, in ``[0, LAMBDA_MAX]`` (the range of a trained QED head)."""
-    if isinstance(lam, bool) or not isinstance(lam, (int, float, torch.Tensor)):
-        raise ValueError(f"inject_qed: `lam` must be a float or a tensor [layers, heads] = {shape}, "
-                         f"got {type(lam).__name__}")
-    values = torch.as_tensor(lam, dtype=torch.float64).detach().cpu()
-    if values.dim() != 0 and tuple(values.shape) != shape:
-        raise ValueError(f"inject_qed: tensor `lam` must have shape [layers, heads] = {shape} "
-                         f"(the selected layers x heads), got {tuple(values.shape)}")
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError("inject_qed: `lam` must be finite")
+    values = grid_values("lam", lam, shape, "inject_qed", torch.float64)
     lo, hi = float(values.min()), float(values.max())
     if not allow_extrapolation and (lo < 0 or hi > LAMBDA_MAX):
         raise ValueError(f"inject_qed: `lam` must lie in [0, {LAMBDA_MAX}] (lambda_max of a QED head), "

@@ -67,17 +67,19 @@ def index_selection(name: str, value, allowed, who: str = "strength") -> list[in
     return items
 
 
-def _factor_values(s, shape: tuple) -> torch.Tensor:
-    if isinstance(s, bool) or not isinstance(s, (int, float, torch.Tensor)):
-        raise ValueError(f"strength: `s` must be a float or a tensor of shape [layers, heads] = "
-                         f"{shape}, got {type(s).__name__}")
-    s = torch.as_tensor(s, dtype=torch.float32).detach().cpu()
-    if s.dim() != 0 and tuple(s.shape) != shape:
-        raise ValueError(f"strength: tensor `s` must have shape [layers, heads] = {shape} "
-                         f"(the selected layers x heads), got {tuple(s.shape)}")
-    if not bool(torch.isfinite(s).all()):
-        raise ValueError("strength: `s` must be finite")
-    return s
+def grid_values(name: str, value, shape: tuple, who: str = "strength", dtype=torch.float32) -> torch.Tensor:
+    """``value`` (a number, or a tensor of ``shape`` = [selected layers, selected heads]) as a
+    finite ``dtype`` tensor on the CPU, 0-d or ``shape``; the errors name ``who`` and ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise ValueError(f"{who}: `{name}` must be a float or a tensor of shape [layers, heads] = "
+                         f"{shape}, got {type(value).__name__}")
+    value = torch.as_tensor(value, dtype=dtype).detach().cpu()
+    if value.dim() != 0 and tuple(value.shape) != shape:
+        raise ValueError(f"{who}: tensor `{name}` must have shape [layers, heads] = {shape} "
+                         f"(the selected layers x heads), got {tuple(value.shape)}")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{who}: `{name}` must be finite")
+    return value
 
 
 @contextlib.contextmanager
@@ -101,7 +103,7 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
         raise ValueError(f"strength: `phase` must be one of {PHASES}, got {phase!r}")
     rows = index_selection("layers", layers, model.mixer_layers)
     cols = index_selection("heads", heads, range(cfg.num_heads))
-    values = _factor_values(s, (len(rows), len(cols)))
+    values = grid_values("s", s, (len(rows), len(cols)))
     try:
         check_strengths(values.flatten().tolist(), arm=cfg.arm, allow_extrapolation=allow_extrapolation)
     except ValueError as exc:
