@@ -56,7 +56,7 @@ def config(family: str, small: bool):
         "qwen3_5_moe": lambda: Qwen3_5MoeTextConfig(**common, **moe, head_dim=head_dim, linear_value_head_dim=v_dim),
         "qwen3_next": lambda: Qwen3NextConfig(**common, **moe, head_dim=head_dim, linear_value_head_dim=v_dim),
         "olmo_hybrid": lambda: OlmoHybridConfig(**common, linear_value_head_dim=2 * v_dim, pad_token_id=0,
-                                                eos_token_id=1),
+                                                eos_token_id=None),
     }[family]()
 
 

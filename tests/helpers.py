@@ -163,7 +163,7 @@ def tiny_hf(family: str, seed: int = 0):
         "qwen3_next": lambda: Qwen3NextConfig(**HF_COMMON, **HF_MOE, head_dim=16, linear_value_head_dim=16),
         # OLMo-Hybrid: V = 2K and beta in (0, 2) (linear_allow_neg_eigval, its default).
         "olmo_hybrid": lambda: OlmoHybridConfig(**HF_COMMON, linear_value_head_dim=32, pad_token_id=0,
-                                                eos_token_id=1),
+                                                eos_token_id=None),
     }
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(configs[family]()).eval()

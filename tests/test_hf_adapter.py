@@ -57,6 +57,8 @@ def test_lambda_zero_matches_transformers_forward_and_generate(family):
     for step, ref in zip(gen.logits, ref_gen.logits, strict=True):
         torch.testing.assert_close(step, ref, **F32)
     assert model.generate(prompt, NEW) == ref_gen.sequences[:, 8:].tolist()
+    hf.generation_config.repetition_penalty, hf.generation_config.do_sample = 50.0, True  # not used by generate
+    assert model.generate(prompt, NEW) == ref_gen.sequences[:, 8:].tolist()
 
 
 def _linear_input(model, layer, ids):

@@ -18,6 +18,7 @@ sets the QED term.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import defaultdict
 
@@ -142,9 +143,10 @@ class HFQEDModel(HookedModel):
         ``prompts``: a LongTensor ``[B, T]``, a list of token-id lists or a ``PackedPrompts``.
         Prompts of equal length run as one batch, so no padding token ever enters the recurrence
         or the probes. Greedy by default; sampling uses transformers' samplers and torch's global
-        generator (``generator`` must be None). Only the arguments given here are used (the
-        folder's ``generation_config.json`` is not). ``cuda_graph`` is accepted for the sweep's
-        interface: transformers runs each decode step eagerly.
+        generator (``generator`` must be None). Only the arguments given here are used, with
+        transformers' defaults for the rest (not the model's ``generation_config``).
+        ``cuda_graph`` is accepted for the sweep's interface: transformers runs each decode step
+        eagerly.
         """
         from transformers import GenerationConfig
         vocab = self.cfg.vocab_size
@@ -155,23 +157,36 @@ class HFQEDModel(HookedModel):
                              "(it samples with torch's global generator: use torch.manual_seed)")
         if max_new_tokens == 0:
             return [[] for _ in packed.lengths]
-        gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample,
-                               temperature=temperature if do_sample else None,
-                               top_k=(top_k or 0) if do_sample else None, top_p=None,
-                               eos_token_id=eos_token_id,
+        gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                               top_k=top_k or 0, top_p=1.0, eos_token_id=eos_token_id,
                                pad_token_id=eos_token_id if eos_token_id is not None else 0)
         rows = packed.ids[0].split(list(packed.lengths))
         by_length = defaultdict(list)
         for i, n in enumerate(packed.lengths):
             by_length[n].append(i)
         out = [None] * len(rows)
-        for n, who in by_length.items():
-            ids = torch.stack([rows[i] for i in who])
-            new = self.hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)[:, n:]
-            new = torch.nn.functional.pad(new, (0, max_new_tokens - new.shape[1]), value=gen.pad_token_id)
-            for i, toks in zip(who, until_eos(new, eos_token_id)):
-                out[i] = toks
+        with _defaults_only(self.hf_model):
+            for n, who in by_length.items():
+                ids = torch.stack([rows[i] for i in who])
+                new = self.hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)[:, n:]
+                new = torch.nn.functional.pad(new, (0, max_new_tokens - new.shape[1]), value=gen.pad_token_id)
+                for i, toks in zip(who, until_eos(new, eos_token_id)):
+                    out[i] = toks
         return out
+
+
+@contextlib.contextmanager
+def _defaults_only(hf_model):
+    """transformers fills every option a ``generate`` call leaves unset from the model's
+    ``generation_config`` (a folder's ``generation_config.json``: sampling, repetition penalty,
+    ...); inside the block that is transformers' plain default config instead."""
+    from transformers import GenerationConfig
+    saved = hf_model.generation_config
+    hf_model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        hf_model.generation_config = saved
 
 
 def adapt(model, *, op_mode: str = "auto", dtype: torch.dtype | None = None, device=None) -> HFQEDModel:
