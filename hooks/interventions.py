@@ -61,11 +61,12 @@ class DirectionReplacement:
             u = project_out(u, l2_normalize(self._k.pop(layer).to(d)))
         return u
 
-    def hooks(self, layers) -> list:
-        """Forward hooks for the given layer indices."""
+    def hooks(self, layers, mixer_name: str = "attn") -> list:
+        """Forward hooks for the given layer indices; ``mixer_name`` is the model's
+        (``model.mixer_name``: ``"linear_attn"`` for a transformers model from ``qedprobe.hf``)."""
         out = []
         for l in layers:
-            out += [(f"blocks.{l}.attn.hook_k", self._store(self._k)),
-                    (f"blocks.{l}.attn.hook_b", self._store(self._b)),
-                    (f"blocks.{l}.attn.hook_d", self._replace)]
+            out += [(f"blocks.{l}.{mixer_name}.hook_k", self._store(self._k)),
+                    (f"blocks.{l}.{mixer_name}.hook_b", self._store(self._b)),
+                    (f"blocks.{l}.{mixer_name}.hook_d", self._replace)]
         return out

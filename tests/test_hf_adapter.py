@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 
 from qedprobe.hf import SUPPORTED, UnsupportedModelError, adapt, inject_qed
-from qedprobe.hooks import ProbeRecorder
+from qedprobe.hooks import DirectionReplacement, ProbeRecorder
 from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
 from qedprobe.model import strength
@@ -162,6 +162,18 @@ def test_injection_selects_layers_and_heads_and_feeds_the_op():
                              z=random_directions(4, 16, 5 + 3).double(), return_probes=True)
     torch.testing.assert_close(cache["blocks.3.linear_attn.hook_o"].double(), o, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cache["blocks.3.linear_attn.hook_Sd"].double(), probes["Sd"], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_direction_replacement_on_a_transformers_model_is_the_rand_arm():
+    model = adapt(tiny_hf("qwen3_5"))
+    ids = hf_ids(t=12)
+    rand = inject_qed(model, 0.2, arm="rand", layers=[3], rand_seed=4)(ids)
+    inject_qed(model, 0.2, arm="full", layers=[3])
+    rep = DirectionReplacement(random_directions(4, 16, 4 + 3))
+    replaced = model.run_with_hooks(ids, fwd_hooks=rep.hooks([3], mixer_name=model.mixer_name))
+    torch.testing.assert_close(replaced, rand, rtol=0, atol=1e-6)
+    assert float((replaced - model(ids)).abs().max()) > 1e-4
 
 
 def test_strength_phases_in_generate_and_recorders_in_every_step():

@@ -54,9 +54,15 @@ def family(model_type: str) -> tuple[str, str]:
 
 
 def deltanet_class(model_type: str) -> type:
-    """The transformers Gated DeltaNet class of ``model_type``."""
+    """The transformers Gated DeltaNet class of ``model_type`` (refused, naming the installed
+    transformers, when that version does not have it)."""
     name = family(model_type)[1]
-    return getattr(importlib.import_module(modeling_module_name(model_type)), name)
+    try:
+        return getattr(importlib.import_module(modeling_module_name(model_type)), name)
+    except (ImportError, AttributeError):
+        import transformers
+        raise UnsupportedModelError(f"qedprobe.hf: transformers {transformers.__version__} has no {name}; "
+                                    f"qedprobe.hf is tested with transformers 5.24") from None
 
 
 @dataclass(frozen=True)
