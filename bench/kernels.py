@@ -1,23 +1,36 @@
-"""Prefill benchmark: qed_chunk forward against fla 0.6.0 in one run (CUDA only).
+"""Kernel benchmark: qed_chunk / qed_recurrent against fla 0.6.0, every row of issue #12 in one
+process (CUDA only; not a test).
 
-    PYTHONUNBUFFERED=1 python3 bench/kernels.py [--dplr] [--quick]
+    PYTHONUNBUFFERED=1 python3 bench/kernels.py [--json PATH] [--commit SHA] [--budget S] [--quick] [--parts] [--dplr]
 
-Rows (median of ``triton.testing.do_bench``, bf16 inputs, float32 log-decay, qk L2-norm in kernel):
-* B=8, T=4096, H=16, K=V=128: qed_chunk (arm full) with probes off / on, fla ``chunk_gdn2``;
-  ``--dplr`` adds fla ``chunk_dplr_delta_rule`` (its first call autotunes for ~80 s);
-* every arm, probes off and on, same shape;
-* T = 1K .. 32K with B*T = 32K tokens (B = 32 .. 1), qed vs fla;
-* forward + backward (one layer's training step: ``torch.autograd.grad`` of ``o`` w.r.t. every
-  input, the Triton backward of ``kernels/qed/chunk_bwd.py``), qed vs fla ``chunk_gdn2``;
-* a decode row from ``bench/recurrent_decode.py`` (``bench_decode``) when that file exists;
-* with ``--parts``, one row per qed kernel (``qed_prep_kernel``, ``qed_solve_kernel``,
-  ``qed_scan_kernel``; torch.profiler, ms per call), probes off and on.
-Old against new intra kernels in one call: ``bench/intra_compare.py``.
-Prints a markdown table last and writes it (and a JSON of all rows) to ``$OUT`` when set.
+Rows, in this order (median of ``triton.testing.do_bench``; bf16 q/k/v/b/w, float32 log-decay
+``-0.1 U(0,1)``, per-head lam 0.1, qk L2-norm in the kernel; main shape B=8, T=4096, H=16,
+K=V=128):
+
+1. fla ``chunk_gdn2`` forward + backward first (its first backward call autotunes for minutes
+   on an H200), then its forward;
+2. ``qed_chunk`` forward (arm full) fresh, i.e. before any other qed shape ran in the process,
+   with probes off and on;
+3. the order-independence check: forwards on smaller shapes (B=2, H=4, T=600..4096), then the
+   main-shape forward again: ratio to the fresh time;
+4. T = 1K .. 32K at B*T = 32K tokens, qed (probes off / on) and fla side by side;
+5. every arm, probes off and on;
+6. grouped value heads (H=16 q/k heads, HV=32 value heads, T=4096, B=4) against fla;
+7. ``qed_chunk`` forward + backward (``torch.autograd.grad`` of ``o`` w.r.t. q, k, v, g, b, w,
+   lam) against fla's measured in step 1;
+8. one decode token (``qed_recurrent``, B=16) against fla ``fused_recurrent_gdn2``
+   (``bench/recurrent_decode.py``).
+
+``--quick`` stops after step 3; ``--parts`` adds per-kernel rows (torch.profiler, ms per call)
+for the main shape. The rows (``name, shape, ms, ref_ms, ratio, note`` plus ``device, date,
+commit``) go to ``--json`` (default ``$OUT/kernels.json`` when ``$OUT`` is set, else
+``docs/benchmarks/kernels.json``), rewritten after every row, and a markdown table is printed
+last.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -29,24 +42,31 @@ from triton.testing import do_bench
 from qedprobe.kernels.qed import ARMS
 from qedprobe.kernels.qed.chunk import qed_chunk
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = "cuda"
+MAIN = dict(B=8, T=4096, H=16, HV=16, K=128, V=128)
+GRAD_WRT = ("q", "k", "v", "g", "b", "w", "lam")
 
 
 def P(*a):
     print(*a, flush=True)
 
 
-def inputs(B, T, H, K, V, dtype=torch.bfloat16, seed=0):
+def inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, seed=0):
+    """Random inputs: ``q, k`` ``[B, T, H, K]``, the rest per value head."""
     torch.manual_seed(seed)
-    q = torch.randn(B, T, H, K, device=DEV, dtype=dtype)
-    k = torch.randn(B, T, H, K, device=DEV, dtype=dtype)
-    v = torch.randn(B, T, H, V, device=DEV, dtype=dtype) * 0.5
-    g = -torch.rand(B, T, H, K, device=DEV, dtype=torch.float32) * 0.1
-    b = torch.rand(B, T, H, K, device=DEV, dtype=dtype)
-    w = torch.rand(B, T, H, V, device=DEV, dtype=dtype)
-    lam = 0.1 * torch.ones(H, device=DEV, dtype=torch.float32)
-    z = torch.nn.functional.normalize(torch.randn(H, K, device=DEV), dim=-1)
-    return dict(q=q, k=k, v=v, g=g, b=b, w=w, lam=lam, z=z)
+    return dict(
+        q=torch.randn(B, T, H, K, device=DEV, dtype=dtype), k=torch.randn(B, T, H, K, device=DEV, dtype=dtype),
+        v=torch.randn(B, T, HV, V, device=DEV, dtype=dtype) * 0.5,
+        g=-torch.rand(B, T, HV, K, device=DEV, dtype=torch.float32) * 0.1,
+        b=torch.rand(B, T, HV, K, device=DEV, dtype=dtype), w=torch.rand(B, T, HV, V, device=DEV, dtype=dtype),
+        lam=0.1 * torch.ones(HV, device=DEV, dtype=torch.float32),
+        z=torch.nn.functional.normalize(torch.randn(HV, K, device=DEV), dim=-1))
+
+
+def shape_of(x) -> str:
+    B, T, H, K = x["q"].shape
+    return f"B{B} T{T} H{H} HV{x['v'].shape[2]} K{K} V{x['v'].shape[3]}"
 
 
 def ms(fn, warmup=25, rep=100):
@@ -75,157 +95,148 @@ def fwd_bwd(fn_of_x, x, names):
     return lambda: torch.autograd.grad(f()[0], wrt, do)
 
 
-def dplr_fn(x):
-    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
-    kn = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(x["k"].dtype)
-    bb = -kn * x["b"]
-    return lambda: chunk_dplr_delta_rule(q=x["q"], k=x["k"], v=x["v"], a=kn, b=bb, gk=x["g"])
+class Rows:
+    """The benchmark's rows, written to ``path`` after each one (a cut run keeps what it has)."""
+
+    def __init__(self, path: str, commit: str):
+        self.path, self.rows = path, []
+        self.meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                         commit=commit)
+
+    def add(self, name, shape, t_ms, ref_ms=None, note=""):
+        r = dict(name=name, shape=shape, ms=round(t_ms, 4), ref_ms=round(ref_ms, 4) if ref_ms else None,
+                 ratio=round(t_ms / ref_ms, 4) if ref_ms else None, note=note, **self.meta)
+        self.rows.append(r)
+        P(f"{name:44s} {shape:28s} {t_ms:8.3f} ms" + (f"  ratio {r['ratio']:.3f}" if ref_ms else "") + f" {note}")
+        if os.path.dirname(self.path):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "w") as f:
+            json.dump(self.rows, f, indent=1)
+        return t_ms
+
+    def table(self) -> str:
+        lines = [f"device: {self.meta['device']}, torch {torch.__version__}, commit {self.meta['commit']}", "",
+                 "| row | shape | ms | ref ms | ratio |", "|---|---|---|---|---|"]
+        for r in self.rows:
+            ref = f"{r['ref_ms']:.3f}" if r["ref_ms"] else "-"
+            ratio = f"{r['ratio']:.3f}" if r["ratio"] else "-"
+            lines.append(f"| {r['name']} {r['note']} | {r['shape']} | {r['ms']:.3f} | {ref} | {ratio} |")
+        return "\n".join(lines)
+
+
+def order_check(rows: Rows, x, fresh_ms: float):
+    """Forwards on smaller shapes, then the main shape again: its time relative to the fresh one."""
+    for T in (600, 1000, 2048, 4096):
+        small = inputs(2, T, 4, 4, 128, 128, seed=T)
+        qed_fn(small)()
+        qed_fn(small, probes=True)()
+    torch.cuda.synchronize()
+    rows.add("qed_chunk fwd (full) after smaller shapes", shape_of(x), ms(qed_fn(x)), fresh_ms,
+             "(ratio: vs fresh)")
+
+
+def t_sweep(rows: Rows, fla: bool, left):
+    for T in (1024, 2048, 4096, 8192, 16384, 32768):
+        if left() < 30:
+            P("budget: T sweep cut")
+            return
+        xn = inputs(max(1, 32768 // T), T, 16, 16, 128, 128)
+        f_ms = rows.add("fla chunk_gdn2 fwd", shape_of(xn), ms(fla_fn(xn))) if fla else None
+        rows.add("qed_chunk fwd (full)", shape_of(xn), ms(qed_fn(xn)), f_ms)
+        rows.add("qed_chunk fwd (full) + probes", shape_of(xn), ms(qed_fn(xn, probes=True)), f_ms)
+
+
+def parts(rows: Rows, x, fla: bool):
+    from torch.profiler import ProfilerActivity, profile
+    fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))] + ([("fla", fla_fn(x))] if fla else [])
+    for name, fn in fns:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            t_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t_us > 0 and (e.key.startswith("qed_") or name == "fla"):
+                rows.add(f"  {name}: {e.key[:40]}", shape_of(x), t_us / 1e3 / 5, note="(per call)")
+
+
+def decode(rows: Rows):
+    sys.path.insert(0, HERE)
+    from recurrent_decode import bench_decode
+    r = bench_decode(16, 16, 128, 128, torch.bfloat16)
+    rows.add("qed_recurrent decode (1 token)", "B16 T1 H16 HV16 K128 V128", r["qed_us"] / 1e3,
+             (r.get("fla_us") or 0) / 1e3 or None, "(ref: fla fused_recurrent_gdn2)")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    out = os.environ.get("OUT")
+    ap.add_argument("--json", default=os.path.join(out, "kernels.json") if out else
+                    os.path.join(os.path.dirname(HERE), "docs", "benchmarks", "kernels.json"))
+    ap.add_argument("--commit", default=os.environ.get("COMMIT", "unknown"), help="commit the kernels are from")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds; the optional sections stop after")
+    ap.add_argument("--quick", action="store_true", help="main shape and the order check only")
+    ap.add_argument("--parts", action="store_true", help="per-kernel times of the main shape (torch.profiler)")
     ap.add_argument("--dplr", action="store_true", help="also time fla chunk_dplr_delta_rule (autotunes ~80 s)")
-    ap.add_argument("--quick", action="store_true", help="main shape only")
-    ap.add_argument("--parts", action="store_true", help="per-kernel times (torch.profiler)")
-    ap.add_argument("--no-fla", action="store_true", help="leave fla out of the main shape")
-    ap.add_argument("--fla-ms", type=float, default=None, help="fla chunk_gdn2 time to use for ratios")
-    ap.add_argument("--fla-fb-ms", type=float, default=None,
-                    help="fla chunk_gdn2 forward+backward time to use for ratios (anchor: 11.25)")
-    ap.add_argument("--budget", type=float, default=1e9, help="seconds; optional sections stop after")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         P("bench/kernels.py needs CUDA")
         return 1
     start = time.time()
+    left = lambda: a.budget - (time.time() - start)  # noqa: E731
     try:
         import fla  # noqa: F401
         have_fla = True
     except ImportError:
         have_fla = False
+        P("fla not importable: rows without the reference")
+    rows = Rows(a.json, a.commit)
+    x = inputs(**MAIN)
+    main = shape_of(x)
 
-    def left():
-        return a.budget - (time.time() - start)
-    rows = []
-
-    def row(name, shape, t_ms, ref_ms=None, note=""):
-        r = dict(name=name, shape=shape, ms=t_ms, ref_ms=ref_ms,
-                 ratio=(t_ms / ref_ms) if ref_ms else None, note=note)
-        rows.append(r)
-        P(f"{name:34s} {shape:22s} {t_ms:8.3f} ms" + (f"  ratio {r['ratio']:.3f}" if ref_ms else "") + f" {note}")
-        return t_ms
-
-    B, T, H, K, V = 8, 4096, 16, 128, 128
-    shape = f"B{B} T{T} H{H} K{K} V{V}"
-    x = inputs(B, T, H, K, V)
-    t0 = time.time()
-    qed_fn(x)()
-    torch.cuda.synchronize()
-    P(f"qed first call (compile) {time.time() - t0:.1f} s")
-    fla_ms = a.fla_ms
-    if have_fla and not a.no_fla:
-        t0 = time.time()
-        fla_fn(x)()
-        torch.cuda.synchronize()
-        P(f"fla chunk_gdn2 first call {time.time() - t0:.1f} s")
-        fla_ms = row("fla chunk_gdn2 fwd", shape, ms(fla_fn(x)))
-    nbytes = sum(t.numel() * t.element_size() for n, t in x.items() if n in "qkvgbw") + x["v"].numel() * 2
-    q_ms = row("qed_chunk fwd (full)", shape, ms(qed_fn(x)), fla_ms)
-    row("qed_chunk fwd (full) + probes", shape, ms(qed_fn(x, probes=True)), fla_ms)
-    P(f"bytes in+out once: {nbytes / 1e9:.3f} GB -> {nbytes / q_ms / 1e6:.0f} GB/s effective, "
-      f"floor at 4.3 TB/s {nbytes / 4.3e9:.3f} ms")
-    if a.parts:
-        from torch.profiler import ProfilerActivity, profile
-        fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))]
-        fns += [("fla", fla_fn(x))] if (have_fla and not a.no_fla) else []
-        for name, fn in fns:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    fn()
-                torch.cuda.synchronize()
-            P(f"--- {name}: 5 calls")
-            P(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60))
-            for e in prof.key_averages():  # per-kernel rows of the table: intra kernel(s), scan kernel
-                t_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-                if e.key.startswith("qed_") and t_us > 0:
-                    row(f"  {name}: {e.key}", shape, t_us / 1e3 / 5, note="(per call)")
-    if a.dplr and have_fla:
-        t0 = time.time()
-        try:
-            dplr_fn(x)()
-            torch.cuda.synchronize()
-            P(f"dplr first call (autotune) {time.time() - t0:.1f} s")
-            d_ms = ms(dplr_fn(x), warmup=10, rep=50)
-            row("fla chunk_dplr_delta_rule fwd", shape, d_ms)
-            row("qed_chunk fwd (full) vs dplr", shape, q_ms, d_ms)
-        except Exception as err:  # noqa: BLE001
-            P("dplr failed:", repr(err)[:300])
-    if not a.quick:
-        del x
-        for Tn in (1024, 2048, 4096, 8192, 16384, 32768):
-            if left() < 20:
-                P("budget: T sweep cut")
-                break
-            Bn = max(1, 32768 // Tn)
-            shp = f"B{Bn} T{Tn} H{H} K{K} V{V}"
-            xn = inputs(Bn, Tn, H, K, V)
-            # fla only where its autotuning already ran in this process (or was asked for)
-            use_fla = have_fla and (not a.no_fla or "fla.ops.gdn2" in sys.modules)
-            f_ms = ms(fla_fn(xn)) if use_fla else None
-            if f_ms:
-                row("fla chunk_gdn2 fwd", shp, f_ms)
-            row("qed_chunk fwd (full)", shp, ms(qed_fn(xn)), f_ms)
-            row("qed_chunk fwd (full) + probes", shp, ms(qed_fn(xn, probes=True)), f_ms)
-            del xn
-        here = os.path.dirname(os.path.abspath(__file__))
-        if left() > 30 and os.path.exists(os.path.join(here, "recurrent_decode.py")):
-            sys.path.insert(0, here)
-            try:
-                from recurrent_decode import bench_decode
-                r = bench_decode(16, 16, 128, 128, torch.bfloat16)
-                row("qed_recurrent decode (1 token)", "B16 H16 K128 V128", r["qed_us"] / 1e3,
-                    r.get("fla_us", 0) / 1e3 or None, "(fla fused_recurrent_gdn2)")
-            except Exception as err:  # noqa: BLE001
-                P("decode bench failed:", repr(err)[:300])
-        x = inputs(B, T, H, K, V)
-        for arm in ARMS:
-            for probes in (False, True):
-                if left() < 25:
-                    P(f"budget: arm sweep cut before {arm}")
-                    break
-                row(f"qed_chunk {arm}{' +probes' if probes else ''}", shape, ms(qed_fn(x, arm, probes)), fla_ms)
-    # Forward + backward last: fla autotunes its backward on the first call (minutes on an H200),
-    # so everything above is on record before it starts. The ratio is against --fla-fb-ms (the
-    # anchor) first, then against fla measured here.
-    try:
-        qfb_ms = row("qed_chunk fwd+bwd (full)", shape,
-                     ms(fwd_bwd(qed_fn, x, ("q", "k", "v", "g", "b", "w", "lam"))), a.fla_fb_ms,
-                     note="(ratio vs --fla-fb-ms)" if a.fla_fb_ms else "")
-    except Exception as err:  # noqa: BLE001 - report and go on
-        P("qed_chunk fwd+bwd failed:", repr(err)[:300])
-        qfb_ms = None
-    if have_fla and not a.no_fla and left() > 60:
+    fla_fb = fla_ms = None
+    if have_fla:
         t0 = time.time()
         fwd_bwd(fla_fn, x, "qkvgbw")()
         torch.cuda.synchronize()
         P(f"fla chunk_gdn2 fwd+bwd first call (autotune) {time.time() - t0:.1f} s")
-        fb_ms = row("fla chunk_gdn2 fwd+bwd", shape, ms(fwd_bwd(fla_fn, x, "qkvgbw")), note="(anchor 11.25 ms)")
-        if qfb_ms:
-            row("qed_chunk fwd+bwd (full) vs fla measured", shape, qfb_ms, fb_ms)
-
-    dev = torch.cuda.get_device_name()
-    lines = [f"device: {dev}, torch {torch.__version__}, bf16 inputs, float32 g, qk L2-norm in kernel", "",
-             "| kernel | shape | ms | ratio vs fla |", "|---|---|---|---|"]
-    for r in rows:
-        ratio = f"{r['ratio']:.3f}" if r["ratio"] else "-"
-        lines.append(f"| {r['name']} {r['note']} | {r['shape']} | {r['ms']:.3f} | {ratio} |")
-    table = "\n".join(lines)
-    P(table)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "kernels_bench.md"), "w") as f:
-            f.write(table + "\n")
-        with open(os.path.join(out, "kernels_bench.json"), "w") as f:
-            json.dump({"device": dev, "rows": rows}, f, indent=1)
+        fla_fb = rows.add("fla chunk_gdn2 fwd+bwd", main, ms(fwd_bwd(fla_fn, x, "qkvgbw")))
+        fla_ms = rows.add("fla chunk_gdn2 fwd", main, ms(fla_fn(x)))
+    t0 = time.time()
+    qed_fn(x)()
+    torch.cuda.synchronize()
+    P(f"qed first call (compile) {time.time() - t0:.1f} s")
+    fresh = rows.add("qed_chunk fwd (full), fresh", main, ms(qed_fn(x)), fla_ms)
+    rows.add("qed_chunk fwd (full) + probes", main, ms(qed_fn(x, probes=True)), fla_ms)
+    order_check(rows, x, fresh)
+    if a.parts:
+        parts(rows, x, have_fla)
+    if a.quick:
+        P(rows.table())
+        return 0
+    t_sweep(rows, have_fla, left)
+    for arm in ARMS:
+        for probes in (False, True):
+            if left() < 20:
+                break
+            rows.add(f"qed_chunk {arm}{' + probes' if probes else ''}", main, ms(qed_fn(x, arm, probes)), fla_ms)
+    if left() > 20:
+        xg = inputs(B=4, T=4096, H=16, HV=32, K=128, V=128)
+        f_ms = rows.add("fla chunk_gdn2 fwd (grouped heads)", shape_of(xg), ms(fla_fn(xg))) if have_fla else None
+        rows.add("qed_chunk fwd (full, grouped heads)", shape_of(xg), ms(qed_fn(xg)), f_ms)
+        del xg
+    if left() > 30:
+        rows.add("qed_chunk fwd+bwd (full)", main, ms(fwd_bwd(qed_fn, x, GRAD_WRT)), fla_fb,
+                 "(ref: fla fwd+bwd, measured first)")
+    if left() > 15:
+        decode(rows)
+    if a.dplr and have_fla and left() > 120:
+        from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+        kn = torch.nn.functional.normalize(x["k"].float(), dim=-1).to(x["k"].dtype)
+        dplr = lambda: chunk_dplr_delta_rule(q=x["q"], k=x["k"], v=x["v"], a=kn, b=-kn * x["b"], gk=x["g"])  # noqa: E731
+        d_ms = rows.add("fla chunk_dplr_delta_rule fwd", main, ms(dplr, warmup=10, rep=50))
+        rows.add("qed_chunk fwd (full) vs dplr", main, fresh, d_ms)
+    P(rows.table())
     return 0
 
 

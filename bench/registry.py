@@ -40,9 +40,10 @@ class Benchmark:
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("kernels", "kernels.py",
-              "qed_chunk forward (every arm, probes off / on, T = 1K..32K), forward + backward and a "
-              "decode step, against fla chunk_gdn2 (and chunk_dplr_delta_rule with --dplr) in the same run",
-              "cuda", ("kernels_bench.md", "kernels_bench.json")),
+              "qed_chunk forward (fresh and after smaller shapes, every arm, probes off / on, T = 1K..32K, "
+              "grouped heads), forward + backward and a decode step, against fla chunk_gdn2 / "
+              "fused_recurrent_gdn2 (and chunk_dplr_delta_rule with --dplr) in the same run",
+              "cuda", ("kernels.json",)),
     Benchmark("recurrent_decode", "recurrent_decode.py",
               "qed_recurrent per decode step (do_bench, CUDA-graph replay, host time) against fla "
               "fused_recurrent_gdn2, and the launch-configuration sweep",

@@ -41,6 +41,28 @@ chunk_inputs = partial(make_inputs, T=100, H=2, K=16, V=32, device=DEVICE, gmin=
 """The chunk kernel's inputs (forward and backward tests): T past one 64-token chunk."""
 
 
+def grouped_inputs(B=1, T=70, H=2, HV=4, K=16, V=16, *, seed=0, lam_token=False, device="cpu"):
+    """float64 inputs with grouped value heads (fla's GDN-2 convention, ``HV = m * H``): ``q, k``
+    ``[B, T, H, K]``, everything else per value head; log-decay uniform in ``[-0.3, 0]``."""
+    gen = torch.Generator().manual_seed(seed)
+    r = partial(torch.randn, generator=gen, dtype=F64)
+    u = partial(torch.rand, generator=gen, dtype=F64)
+    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V), g=-0.3 * u(B, T, HV, K),
+             b=u(B, T, HV, K), w=u(B, T, HV, V),
+             lam=(0.05 + 0.4 * u(B, T, HV)) if lam_token else (0.05 + 0.4 * u(HV)))
+    return {n: t.to(device) for n, t in x.items()}
+
+
+def expanded_naive(x, **kw):
+    """The grouped-heads reference: ``qed_naive`` on ``q, k`` repeated to the value heads
+    (``repeat_interleave``: value head ``j`` reads query/key head ``j // m``), so it does not use
+    the ops' own grouping; autograd through the repeat sums the gradients of ``q, k`` per group."""
+    from qedprobe.kernels.qed import qed_naive
+    m = x["v"].shape[2] // x["q"].shape[2]
+    q, k = (x[n].repeat_interleave(m, dim=2) for n in ("q", "k"))
+    return qed_naive(q, k, *(x[n] for n in OP_INPUTS[2:]), **kw)
+
+
 def op_args(x):
     """``x``'s tensors in the op's positional order ``q, k, v, g, b, w, lam``."""
     return tuple(x[n] for n in OP_INPUTS)

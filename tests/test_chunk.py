@@ -10,8 +10,8 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
-from helpers import (DEVICE, PROBES, assert_close, assert_outputs_close, chunk_inputs, gpu, long_check,
-                     low_precision, max_diff, op_args, rel_err, z_for)
+from helpers import (DEVICE, OP_INPUTS, PROBES, assert_close, assert_outputs_close, chunk_inputs, expanded_naive, gpu,
+                     grouped_inputs, long_check, low_precision, max_diff, op_args, rel_err, z_for)
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_every_arm_float64(arm):
@@ -119,6 +119,26 @@ def test_low_precision_vs_float64(dtype, bound):
         assert_close(n, p[n], p2[n], bound)
 
 
+@pytest.mark.parametrize("arm,varlen", [("full", False), ("rand", True)])
+def test_grouped_value_heads(arm, varlen):
+    """HV = 2 H value heads (head j reads q/k head j // 2) against qed_naive on expanded q, k:
+    output, state, every probe; per-token lam and packed sequences in the second case."""
+    x = grouped_inputs(B=1, T=70, H=2, HV=4, K=16, V=16, seed=12, lam_token=varlen, device=DEVICE)
+    cu = torch.tensor([0, 23, 70], dtype=torch.int32, device=DEVICE) if varlen else None
+    h0 = torch.randn(2 if varlen else 1, 4, 16, 16, dtype=torch.float64, device=DEVICE)
+    kw = dict(arm=arm, z=z_for(arm, 4, 16, device=DEVICE), initial_state=h0, cu_seqlens=cu,
+              output_final_state=True, return_probes=True)
+    got = qed_chunk(*op_args(x), **kw)
+    assert_outputs_close(got, expanded_naive(x, **kw), atol=1e-10)
+    assert got[2]["rho"].shape == (1, 70, 4)
+
+
+def test_grouped_heads_refused_unless_a_multiple():
+    x = grouped_inputs(B=1, T=8, H=2, HV=3, K=16, V=16, seed=13, device=DEVICE)
+    with pytest.raises(ValueError, match=r"`v` \(HV=3\) must be a multiple"):
+        qed_chunk(*op_args(x))
+
+
 def test_rejects_bad_input():
     x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):
@@ -169,6 +189,22 @@ def test_gpu_vs_fla_gdn2():
         print(f"vs fla chunk_gdn2 ({arm}): rel err o {rel_err(o, o_f):.2e}, state {rel_err(s, s_f):.2e}")
         assert_close(f"o ({arm})", o, o_f, 2e-2)
         assert_close(f"state ({arm})", s, s_f, 2e-2)
+
+
+@gpu
+def test_gpu_grouped_value_heads_vs_expanded():
+    """Qwen3.5-style heads (H=16 q/k heads, HV=32 value heads), bf16: the grouped call equals the
+    call with q, k expanded to 32 heads (the same kernels on the same values)."""
+    x = {n: t.to(torch.bfloat16) for n, t in grouped_inputs(B=1, T=2048, H=16, HV=32, K=128, V=128, seed=24,
+                                                            device="cuda").items()}
+    x["g"] = x["g"].float()
+    o, s, p = qed_chunk(*op_args(x), output_final_state=True, return_probes=True)
+    qe, ke = (x[n].repeat_interleave(2, dim=2) for n in ("q", "k"))
+    o2, s2, p2 = qed_chunk(qe, ke, *(x[n] for n in OP_INPUTS[2:]), output_final_state=True, return_probes=True)
+    assert_close("o", o, o2, 1e-3)
+    assert_close("final state", s, s2, 1e-3)
+    for n in PROBES:
+        assert_close(n, p[n], p2[n], 1e-3)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

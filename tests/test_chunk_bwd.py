@@ -11,8 +11,8 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
-from helpers import (DEVICE, OP_INPUTS, assert_close, chunk_inputs, gpu, long_check, low_precision, max_diff,
-                     op_args, rel_err, z_for)
+from helpers import (DEVICE, OP_INPUTS, assert_close, chunk_inputs, expanded_naive, gpu, grouped_inputs, long_check,
+                     low_precision, max_diff, op_args, rel_err, z_for)
 
 def grads(op, x, kw, h0=None, extra=(), seed=5, use_o=True, use_state=True):
     """Gradients of ``<o, do> + <final_state, dht>`` w.r.t. ``x``'s tensors, ``extra``, ``h0``."""
@@ -84,6 +84,19 @@ def test_only_output_or_only_state_gradient():
     x = chunk_inputs(B=1, T=70, H=1, K=16, V=16, seed=44)
     assert_grads(x, dict(arm="full"), use_state=False)
     assert_grads(x, dict(arm="full"), h0=state(x, 1), use_o=False)
+
+
+def test_grouped_value_heads():
+    """HV = 2 H: gradients (q, k summed over their group of value heads) against autograd through
+    qed_naive on expanded q, k; per-token lam, initial and final state."""
+    x = grouped_inputs(B=1, T=70, H=2, HV=4, K=16, V=16, seed=48, lam_token=True, device=DEVICE)
+    h0 = torch.randn(1, 4, 16, 16, dtype=torch.float64, device=DEVICE)
+    got, _ = grads(qed_chunk, x, dict(arm="full"), h0=h0)
+    ref, _ = grads(lambda *a, **kw: expanded_naive(dict(zip(OP_INPUTS, a)), **kw), x, dict(arm="full"), h0=h0)
+    for n, a, b in zip((*OP_INPUTS, "h0"), got, ref):
+        assert a.shape == b.shape, n
+        assert max_diff(a, b) < 1e-9 * max(1., b.abs().max().item()), (n, max_diff(a, b))
+    assert got[0].shape == (1, 70, 2, 16)
 
 
 def test_probes_are_not_differentiable():

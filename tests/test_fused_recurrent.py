@@ -12,7 +12,8 @@ import torch
 from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
 from qedprobe.ops import ARMS, qed_naive
 
-from helpers import DEVICE, F64, assert_close, assert_outputs_close, make_inputs, op_args, rel_err, z_for
+from helpers import (DEVICE, F64, assert_close, assert_outputs_close, expanded_naive, grouped_inputs, make_inputs,
+                     op_args, rel_err, z_for)
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 recurrent_inputs = partial(make_inputs, H=2, K=24, V=24, gmin=0.5, device=DEVICE)
@@ -125,6 +126,22 @@ def test_cu_seqlens_equals_separate_runs():
         torch.testing.assert_close(s[i:i + 1], si, **TIGHT)
         for name in pi:
             torch.testing.assert_close(p[name][:, span], pi[name], **TIGHT)
+
+
+@pytest.mark.parametrize("arm,varlen", [("full", False), ("rand", True)])
+def test_grouped_value_heads(arm, varlen):
+    """HV = 2 H value heads against qed_naive on expanded q, k: prefill with probes (packed
+    sequences, per-token lam in the second case), then a decode step from its final state."""
+    x = grouped_inputs(B=1, T=14, H=2, HV=4, K=16, V=24, seed=16, lam_token=varlen, device=DEVICE)
+    h0 = random_state(2 if varlen else 1, 4, 16, 24, seed=17)
+    kw = dict(arm=arm, z=z_for(arm, 4, 16, device=DEVICE), initial_state=h0, output_final_state=True, return_probes=True,
+              cu_seqlens=torch.tensor([0, 5, 14], device=DEVICE) if varlen else None)
+    got = qed_recurrent(*op_args(x), **kw)
+    assert_outputs_close(got, expanded_naive(x, **kw), **TIGHT)
+    if not varlen:
+        step = grouped_inputs(B=1, T=1, H=2, HV=4, K=16, V=24, seed=18, device=DEVICE)
+        kw.update(initial_state=got[1])
+        assert_outputs_close(qed_recurrent(*op_args(step), **kw), expanded_naive(step, **kw), **TIGHT)
 
 
 def test_without_state_or_probes_returns_none():

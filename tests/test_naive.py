@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from qedprobe.ops import ARMS, PROJECTED_ARMS, qed_naive, value_checks
+from qedprobe.ops import ARMS, PROJECTED_ARMS, qed_chunk_torch, qed_naive, value_checks
 
-from helpers import F64, independent_qed, make_inputs, op_args, z_for
+from helpers import F64, OP_INPUTS, expanded_naive, grouped_inputs, independent_qed, make_inputs, op_args, z_for
 
 
 def call(x, **kw):
@@ -262,3 +262,40 @@ def test_positive_log_decay_refused_when_checking():
     x["g"] = x["g"].abs() + 0.1
     with value_checks(), pytest.raises(ValueError, match="`g`.*<= 0"):
         call(x)
+
+
+# --- grouped value heads (HV = m * H) --------------------------------------------------------
+
+@pytest.mark.parametrize("op", [qed_naive, qed_chunk_torch])
+def test_grouped_value_heads_equal_expanded_query_and_key(op):
+    x = grouped_inputs(B=2, T=37, H=2, HV=6, K=8, V=5, seed=60, lam_token=True)
+    kw = dict(arm="rand", z=z_for("rand", 6, 8), initial_state=torch.randn(2, 6, 8, 5, dtype=F64),
+              output_final_state=True, return_probes=True)
+    got = op(*op_args(x), **kw)
+    ref = expanded_naive(x, **kw)
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-12)
+    for name in ("rho", "d", "Sd", "e"):
+        torch.testing.assert_close(got[2][name], ref[2][name], rtol=0, atol=1e-12)
+    assert got[2]["rho"].shape == (2, 37, 6)
+
+
+def test_grouped_gradients_of_q_and_k_sum_over_the_group():
+    x = grouped_inputs(B=1, T=9, H=1, HV=2, K=4, V=3, seed=61)
+    q = x["q"].clone().requires_grad_()
+    o = qed_naive(q, *(x[n] for n in OP_INPUTS[1:]), arm="full")[0]
+    (dq,) = torch.autograd.grad(o.sum(), q)
+    per_head = []
+    for j in range(2):  # each value head on its own, with the shared query/key head
+        qj = x["q"].clone().requires_grad_()
+        sl = {n: x[n][:, :, j:j + 1] for n in ("v", "g", "b", "w")}
+        oj = qed_naive(qj, x["k"], sl["v"], sl["g"], sl["b"], sl["w"], x["lam"][j:j + 1], arm="full")[0]
+        per_head.append(torch.autograd.grad(oj.sum(), qj)[0])
+    torch.testing.assert_close(dq, per_head[0] + per_head[1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", [qed_naive, qed_chunk_torch])
+def test_value_heads_not_a_multiple_of_query_heads_are_refused(op):
+    x = grouped_inputs(B=1, T=4, H=2, HV=3, K=4, V=3, seed=62)
+    with pytest.raises(ValueError, match=r"`v` \(HV=3\) must be a multiple of the query/key heads of `q` \(H=2\)"):
+        op(*op_args(x))

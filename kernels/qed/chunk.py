@@ -1,10 +1,12 @@
 r"""Chunked (WY / UT-transform) Triton forward of QED for prefill: ``qed_chunk``.
 
 The recurrence is the one written out at the top of ``naive.py``, with the residual
-``r_t = w_t v_t - S_bar_t^T a_t`` and the state ``S`` (``K x V``) per sequence and head.
+``r_t = w_t v_t - S_bar_t^T a_t`` and the state ``S`` (``K x V``) per sequence and value head.
 
-Shapes: ``q, k, g, b`` ``[B, T, H, K]``; ``v, w`` ``[B, T, H, V]``; ``lam`` ``[H]`` or
-``[B, T, H]``; states ``[N, H, K, V]`` (float32, float64 for float64 inputs); ``o`` like ``v``.
+Shapes (fla's GDN-2 convention): ``q, k`` ``[B, T, H, K]``; ``v, w`` ``[B, T, HV, V]``; ``g, b``
+``[B, T, HV, K]``; ``lam`` ``[HV]`` or ``[B, T, HV]``; states ``[N, HV, K, V]`` (float32,
+float64 for float64 inputs); ``o`` like ``v``; ``HV = m H``, value head ``j`` reads query/key
+head ``j // m``.
 
 Chunk algorithm (chunks of ``BT = 64`` tokens; ``G`` = inclusive cumsum of ``g`` inside the
 chunk, per channel; ``S0`` the chunk-start state)::
@@ -16,20 +18,21 @@ chunk, per channel; ``S0`` the chunk-start state)::
     Sd_t = (d_t e^{G_t})^T S0 + sum_{j<t} A_dk[t,j] r_j                   (probe S_bar_t^T d_t)
     S_next = Diag(e^{G_last}) S0 + sum_j (k_j e^{G_last - G_j}) r_j^T
 
-Three launches: ``chunk_intra.qed_prep_kernel`` (per chunk: L2 norms, the per-row scalars, the
-probes rho / e / d, ``G`` to a scratch, ``kg``, ``qg``, ``dg``, ``exp(G_last)``),
-``chunk_intra.qed_solve_kernel`` (per chunk: the score blocks, ``(I + A_kk)^{-1}``, ``W``, ``U``;
-rows of ``G`` and of ``A_kk`` are read from memory instead of being pulled out of register tiles)
-and ``chunk_scan.qed_scan_kernel`` (per sequence, head and value block: the state recurrence
-fused with the output and the probe ``Sd``). At the benchmark shape on an H200 (B=8, T=4096,
-H=16, K=V=128, bf16; docs/BENCHMARKS.md) they take 0.62 / 1.85 / 0.45 ms, 2.91 ms in all against
-4.79 ms for the earlier single intra kernel, which walked ~300 dependent cross-warp reductions
-per program.
-Decays ``e^{G_t - G_j}`` are never formed as a product over long spans: off-diagonal 16-row
-sub-blocks use a reference point between ``t`` and ``j`` (both factors <= 1) and diagonal
-sub-blocks fall back to exact per-element exponentials when their decay span exceeds 30 nats, so
-any ``g <= 0`` (also ``-inf``-free large negatives) is safe.
-With ``return_probes=False`` nothing probe-related is computed or written (``tl.constexpr``).
+This is fla's ``chunk_gdn2`` pipeline with GDN-2's erase vector ``b k`` replaced by
+``a = b k + lam d``, in five launches, each behind one typed wrapper:
+
+1. ``chunk_intra.chunk_prep_fwd``: per chunk, L2 norms, the per-row scalars, the probes
+   ``rho, e, d``, ``G``, ``kg``, ``qg``, ``dg``, ``exp(G_last)``;
+2. ``chunk_intra.chunk_scores_fwd``: per 16-row block, the score rows of ``A_kk, A_qk, A_dk``;
+3. ``chunk_wy.chunk_inverse_fwd``: per chunk, ``(I + A_kk)^{-1}`` (block inverse);
+4. ``chunk_wy.chunk_wy_fwd``: per chunk, ``W`` and ``U`` (fla's ``wy_fast.py``);
+5. ``chunk_scan.chunk_scan_fwd``: per sequence, value head and value block, the state
+   recurrence fused with the output and the probe ``Sd``.
+
+Decays ``e^{G_t - G_j}`` are never formed as a product over long spans (see
+``chunk_intra.py``), so any ``g <= 0`` is safe. With ``return_probes=False`` nothing
+probe-related is computed or written. Every launch configuration is fixed by rule from the
+sizes and dtypes (no autotuning), so the time of a call does not depend on earlier calls.
 
 Precision: float32 arithmetic throughout; matrix products in tf32x3 for float32 inputs and in
 tf32 (score rows, WY factors) / bf16 (state recurrence, as fla) for bf16 inputs; float64 inputs
@@ -39,187 +42,101 @@ Backward: ``chunk_bwd.py`` (autograd through ``qed_chunk`` when an input require
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from .arms import direction_flags
 from .chunk_bwd import input_grads
-from .chunk_intra import ARM_CODES, ARM_GIVEN_D, SPAN_MAX, qed_prep_kernel, qed_solve_kernel
-from .chunk_scan import qed_scan_kernel
+from .chunk_common import ChunkLayout, chunk_layout, interpreting
+from .chunk_intra import DirectionInputs, Prepared, Scores, chunk_prep_fwd, chunk_scores_fwd
+from .chunk_scan import chunk_scan_fwd
+from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
 from .inputs import QEDProblem, check_qed_inputs, on_input_device
-
-BT = 64
-BC = 16
-INTRA_CONFIG = {"BKS": 32, "prep_BKS": 16, "prep_warps": 4}
-"""Key slices of ``qed_solve_kernel`` (autotuned over 8 / 4 warps, keyed on K, V, BT and the probe
-switch; 2 warps spill 1.2-1.8 KB per thread) and of ``qed_prep_kernel``, with its warps: ptxas
-(sm_90, bf16, K=V=128, ``bench/chunk_aot.py``) gives the prep kernel 91 / 140 registers (probes
-off / on) and no spills at 16 x 4 warps, 255 and spills at 32 x 4."""
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _tl_dtype(dt: torch.dtype):
-    return {torch.float32: tl.float32, torch.float64: tl.float64}[dt]
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Chunk bookkeeping of one call, shared by the forward and backward launches.
+class IntraChunk:
+    """Everything the intra-chunk launches produce: ``prep`` (row scalars, ``G``, ``kg, qg, dg``,
+    ``exp(G_last)``, probes), ``scores`` (``A_qk, A_kk, A_dk``), ``ai = (I + A_kk)^{-1}``
+    (``[B, T, HV, BT]``, intermediate dtype) and ``wy`` (``W, U``)."""
 
-    ``P`` the validated call (sizes); ``NC`` chunks in all; ``grid`` the per-chunk launch grid; with ``cu_seqlens``, ``cu``,
-    ``chunk_indices`` (``[NC, 2]``: sequence, chunk within it) and ``chunk_offsets`` (first chunk
-    of each sequence), else ``None``. ``DT`` is the state dtype as a Triton type, ``prec`` the
-    ``tl.dot`` input precision.
-    """
-
-    P: QEDProblem
-    NC: int
-    BT: int
-    grid: tuple
-    cu: torch.Tensor | None
-    chunk_indices: torch.Tensor | None
-    chunk_offsets: torch.Tensor | None
-    DT: object
-    prec: str
-    interpreting: bool
+    prep: Prepared
+    scores: Scores
+    ai: torch.Tensor
+    wy: WYFactors
 
 
-def _layout(P, cu_seqlens, dev, prec) -> Layout:
-    if cu_seqlens is not None:
-        idx, offs = [], []
-        for n, (_, bos, eos) in enumerate(P.seq_bounds):
-            offs.append(len(idx))
-            idx.extend((n, i) for i in range(triton.cdiv(eos - bos, BT)))
-        chunk_indices = torch.tensor(idx, dtype=torch.int32, device=dev)
-        chunk_offsets = torch.tensor(offs, dtype=torch.int32, device=dev)
-        cu = cu_seqlens.to(device=dev, dtype=torch.int32).contiguous()
-        NC, grid = len(idx), (len(idx), P.H)
-    else:
-        chunk_indices = chunk_offsets = cu = None
-        NC, grid = P.B * triton.cdiv(P.T, BT), (triton.cdiv(P.T, BT), P.B * P.H)
-    return Layout(P=P, NC=NC, BT=BT, grid=grid, cu=cu,
-                  chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                  DT=_tl_dtype(P.compute_dtype), prec=prec, interpreting=_interpreting())
-
-
-def _precision(P, q, k, v, b, w):
+def _precision(P: QEDProblem, q, k, v, b, w) -> tuple[torch.dtype, str]:
     """``(inter, prec)``: dtype of the intra buffers and ``tl.dot`` precision of the forward."""
+    if P.compute_dtype == torch.float64:
+        return torch.float64, "ieee"
+    if all(x.dtype == torch.bfloat16 for x in (q, k, v)) and not interpreting():
+        return torch.bfloat16, "tf32"  # (the interpreter's bf16 tl.dot is wrong: raw bits)
+    if all(x.dtype == torch.float32 for x in (q, k, v, b, w)):
+        return torch.float32, "tf32x3"  # float32-accurate products
+    return torch.float32, "tf32"
+
+
+def direction_inputs(P: QEDProblem, q, k, b, lam, arm, z, d, use_qk_l2norm) -> DirectionInputs:
+    """The kernels' view of what builds the erase vector: contiguous tensors, ``lam`` in the state
+    dtype, the arm as compile-time flags (a given ``d`` replaces the arm's direction)."""
     ct = P.compute_dtype
-    if ct == torch.float64:
-        inter = torch.float64
-    elif (q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and v.dtype == torch.bfloat16
-          and not _interpreting()):  # the interpreter's bf16 tl.dot is wrong (raw bits)
-        inter = torch.bfloat16
-    else:
-        inter = torch.float32
-    # float64: ieee; float32 inputs: tf32x3 (float32-accurate products); bf16/fp16: tf32.
-    if ct == torch.float64:
-        return inter, "ieee"
-    if inter == torch.float32 and all(x.dtype == torch.float32 for x in (q, k, v, b, w)):
-        return inter, "tf32x3"
-    return inter, "tf32"
+    return DirectionInputs(q=q.contiguous(), k=k.contiguous(), b=b.contiguous(), lam=lam.to(ct).contiguous(),
+                           z=z.to(ct).contiguous() if (z is not None and d is None) else None,
+                           d=d.contiguous() if d is not None else None,
+                           flags=direction_flags(arm, d is not None), l2norm=bool(use_qk_l2norm))
 
 
-def _intra(lay, P, x, inter, probes):
-    """Launch the two intra kernels on the inputs ``x`` (dict, as ``_forward`` prepares them).
-
-    Returns the buffers ``W, U, KG, QG, AQK, GL, AKK`` (``AKK`` ends as ``(I + A_kk)^{-1}``), the
-    scratch ``GC, RQ, RK, CP`` and, with ``probes``, ``DG, ADK, rho, eig, dpr``.
-    """
-    B, T, H, K, V, dev, ct = P.B, P.T, P.H, P.K, P.V, x["q"].device, P.compute_dtype
-    bk = lambda dt: torch.empty(B, T, H, K, device=dev, dtype=dt)  # noqa: E731
-    row = lambda: torch.empty(B, T, H, device=dev, dtype=ct)  # noqa: E731
-    bufs = {"W": bk(inter), "KG": bk(inter), "QG": bk(inter), "GC": bk(ct), "RQ": row(), "RK": row(), "CP": row(),
-            "U": torch.empty(B, T, H, V, device=dev, dtype=inter),
-            "AQK": torch.empty(B, T, H, BT, device=dev, dtype=inter),
-            "GL": torch.empty(lay.NC, H, K, device=dev, dtype=ct),
-            "AKK": torch.empty(B, T, H, BT, device=dev, dtype=ct)}  # scratch: A_kk, then its inverse
-    if probes:
-        bufs.update(DG=bk(inter), ADK=torch.empty_like(bufs["AQK"]), dpr=bk(ct), rho=row(), eig=row())
-    opt = lambda name, fallback: bufs[name] if probes else bufs[fallback]  # noqa: E731
-    BKS = min(INTRA_CONFIG["BKS"], triton.next_power_of_2(K))
-    BVS = min(64, triton.next_power_of_2(V))
-    PBKS = min(INTRA_CONFIG["prep_BKS"], triton.next_power_of_2(K))
-    common = {"H": H, "K": K, "BT": BT, "ARM": x["arm"], "LAM_TOKEN": P.lam_per_token,
-              "IS_VARLEN": lay.cu is not None, "PROBES": probes, "DT": lay.DT}
-    qed_prep_kernel[lay.grid](
-        x["q"], x["k"], x["b"], x["g"], x["lam"], x["z"], x["d"],
-        bufs["RQ"], bufs["RK"], bufs["CP"], bufs["GC"], bufs["KG"], bufs["QG"], opt("DG", "QG"), bufs["GL"],
-        opt("rho", "RQ"), opt("eig", "RQ"), opt("dpr", "GC"), lay.cu, lay.chunk_indices, T, P.scale,
-        BKS=PBKS, NK=triton.cdiv(K, PBKS), L2NORM=x["l2norm"], **common, num_warps=INTRA_CONFIG["prep_warps"],
-        num_stages=1,
-    )
-    qed_solve_kernel[lay.grid](
-        x["q"], x["k"], x["v"], x["b"], x["w"], x["lam"], x["z"], x["d"],
-        bufs["GC"], bufs["RQ"], bufs["RK"], bufs["CP"], bufs["W"], bufs["U"], bufs["AQK"], opt("ADK", "AQK"),
-        bufs["AKK"], lay.cu, lay.chunk_indices, T, P.scale,
-        V=V, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS), PREC=lay.prec, SPAN=SPAN_MAX,
-        **common,
-    )
-    return bufs
+def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayout, inter: torch.dtype,
+                    probes: bool) -> IntraChunk:
+    """The four intra-chunk launches (prep, scores, inverse, W/U) on contiguous ``v, w, g``."""
+    prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
+    wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
+    return IntraChunk(prep=prep, scores=scores, ai=ai, wy=wy)
 
 
-def _scan(lay, P, bufs, h0, o, ht, sd, states):
-    """Launch the scan kernel: writes ``o`` and, when given, ``ht``, ``sd`` and ``states``."""
-    K, V, ct = P.K, P.V, P.compute_dtype
-    BK = triton.next_power_of_2(K)
-    BV = 64 if (BK <= 128 and ct != torch.float64) else 32
-    BV = min(BV, triton.next_power_of_2(V))
-    # bf16 tiles with K <= 128 are pipelined two deep (measured on an H200); float32 / float64
-    # [64, K] tiles do not fit twice in shared memory (K=128 asked 295 KB / 426 KB of the 227 KB
-    # with two stages), nor do bf16 ones with K=256: one stage there.
-    stages = 2 if (bufs["W"].dtype == torch.bfloat16 and BK <= 128) else 1
-    probes = sd is not None
-    gl = bufs["GL"]
+def _float64_guard(P: QEDProblem, fn):
+    """Run ``fn()``; a float64 scan that does not fit in shared memory becomes a ValueError."""
     try:
-        qed_scan_kernel[(triton.cdiv(V, BV), P.N * P.H)](
-            bufs["W"], bufs["U"], bufs["KG"], bufs["QG"], bufs["DG"] if probes else bufs["QG"], bufs["AQK"],
-            bufs["ADK"] if probes else bufs["AQK"], gl, h0 if h0 is not None else gl, o,
-            sd if probes else o, ht if ht is not None else gl, states if states is not None else gl,
-            lay.cu, lay.chunk_offsets, P.T,
-            H=P.H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_H0=h0 is not None, STORE_HT=ht is not None, IS_VARLEN=lay.cu is not None,
-            PROBES=probes, STORE_STATES=states is not None, DT=lay.DT, PREC=lay.prec,
-            WHILE_LOOP=lay.interpreting, num_warps=4 if BK <= 128 else 8, num_stages=stages,
-        )
+        return fn()
     except triton.runtime.errors.OutOfResources as err:
-        if ct != torch.float64:
+        if P.compute_dtype != torch.float64:
             raise
-        raise ValueError(f"qed_chunk: float64 inputs with K={K} need more shared memory than this GPU "
+        raise ValueError(f"qed_chunk: float64 inputs with K={P.K} need more shared memory than this GPU "
                          f"has ({err}); use qed_naive (or float32 inputs) instead") from err
 
 
-def _kernel_inputs(P, q, k, v, g, b, w, lam, arm, z, d, use_qk_l2norm):
-    """The intra kernel's inputs: contiguous tensors, the arm code and placeholders."""
-    lam = lam.to(P.compute_dtype).contiguous()
-    return {"q": q.contiguous(), "k": k.contiguous(), "v": v.contiguous(), "g": g.contiguous(),
-            "b": b.contiguous(), "w": w.contiguous(), "lam": lam,
-            "z": z.to(P.compute_dtype).contiguous() if (z is not None and d is None) else lam,
-            "d": d.contiguous() if d is not None else q.contiguous(),
-            "arm": ARM_GIVEN_D if d is not None else ARM_CODES[arm], "l2norm": bool(use_qk_l2norm)}
+def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, o, *, h0=None, ht=None, sd=None, hs=None):
+    """The scan launch on ``intra``'s buffers (``sd`` only with probes, ``hs`` for the backward)."""
+    probes = sd is not None
+    _float64_guard(P, lambda: chunk_scan_fwd(
+        lay, w=intra.wy.w, u=intra.wy.u, kg=intra.prep.kg, qg=intra.prep.qg, aqk=intra.scores.aqk,
+        gl=intra.prep.gl, o=o, dg=intra.prep.dg if probes else None, adk=intra.scores.adk if probes else None,
+        sd=sd, h0=h0, ht=ht, hs=hs, T=P.T, N=P.N))
 
 
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
              use_qk_l2norm, cu_seqlens):
     """The forward launches (no autograd): ``(o, final_state, probes)``."""
     inter, prec = _precision(P, q, k, v, b, w)
-    lay = _layout(P, cu_seqlens, q.device, prec)
-    x = _kernel_inputs(P, q, k, v, g, b, w, lam, arm, z, d, use_qk_l2norm)
-    bufs = _intra(lay, P, x, inter, bool(return_probes))
+    lay = chunk_layout(P, cu_seqlens, q.device, prec)
+    x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
+    intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
+                            inter=inter, probes=bool(return_probes))
     ct, dev = P.compute_dtype, q.device
-    o = torch.empty(P.B, P.T, P.H, P.V, device=dev, dtype=v.dtype)
-    ht = torch.empty(P.N, P.H, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
-    sd = torch.empty(P.B, P.T, P.H, P.V, device=dev, dtype=ct) if return_probes else None
+    o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
+    ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
+    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    _scan(lay, P, bufs, h0, o, ht, sd, None)
-    probes = {"rho": bufs["rho"], "d": bufs["dpr"], "Sd": sd, "e": bufs["eig"]} if return_probes else None
+    run_scan(P, lay, intra, o, h0=h0, ht=ht, sd=sd)
+    probes = None
+    if return_probes:
+        probes = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
     return o, ht, probes
 
 
@@ -247,13 +164,15 @@ class _QEDChunkFunction(torch.autograd.Function):
         P, arm, z, _, _, use_qk_l2norm, cu_seqlens = ctx.opts
         q, k, v, g, b, w, lam, d, h0 = ctx.saved_tensors
         ct = P.compute_dtype
-        lay = _layout(P, cu_seqlens, q.device, "ieee" if ct == torch.float64 else "tf32x3")
-        bufs = _intra(lay, P, _kernel_inputs(P, q, k, v, g, b, w, lam, arm, z, d, use_qk_l2norm), ct, False)
-        states = torch.empty(lay.NC, P.H, P.K, P.V, device=q.device, dtype=ct)
-        o = torch.empty(P.B, P.T, P.H, P.V, device=q.device, dtype=ct)
-        _scan(lay, P, bufs, h0.contiguous() if h0 is not None else None, o, None, None, states)
+        lay = chunk_layout(P, cu_seqlens, q.device, "ieee" if ct == torch.float64 else "tf32x3")
+        x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
+        intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
+                                inter=ct, probes=False)
+        states = torch.empty(lay.NC, P.HV, P.K, P.V, device=q.device, dtype=ct)
+        o = torch.empty(P.B, P.T, P.HV, P.V, device=q.device, dtype=ct)
+        run_scan(P, lay, intra, o, h0=h0.contiguous() if h0 is not None else None, hs=states)
         return (None, *input_grads(ctx.needs_input_grad[1:], (q, k, v, g, b, w, lam, d, h0), arm, z,
-                                   use_qk_l2norm, P, lay, bufs, states, do, dht))
+                                   use_qk_l2norm, P, lay, intra, states, do, dht))
 
 
 @on_input_device
@@ -261,9 +180,11 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
               output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
     """Chunked Triton QED op; same arguments, results and dtypes as ``qed_naive``.
 
-    Returns ``(o, final_state, probes)``: ``o`` ``[B, T, H, V]`` in ``v``'s dtype, the final
-    state ``[N, H, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}``
-    in the state dtype. Requires CUDA tensors (or ``TRITON_INTERPRET=1`` on CPU).
+    Returns ``(o, final_state, probes)``: ``o`` ``[B, T, HV, V]`` in ``v``'s dtype, the final
+    state ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}``
+    (per value head) in the state dtype. Requires CUDA tensors (or ``TRITON_INTERPRET=1`` on CPU).
+    Grouped value heads (``HV = m H``) as ``qed_naive``; the gradients of ``q, k`` sum over each
+    group.
 
     Differentiable (Triton backward, ``chunk_bwd.py``) when grad mode is on and any of ``q, k,
     v, g, b, w, lam, d, initial_state`` requires grad: gradients of ``o`` and the final state

@@ -1,4 +1,5 @@
-"""Shared ``@triton.jit`` helpers of the ``qed_chunk`` kernels (forward and backward).
+"""Shared pieces of the ``qed_chunk`` kernels (forward and backward): the chunk sizes, the host
+side :class:`ChunkLayout` of one call, and ``@triton.jit`` helpers.
 
 Where a program's chunk or sequence lies (``chunk_position`` for the per-chunk kernels,
 ``scan_program`` / ``sequence_span`` for the per-sequence scans), the index ranges, masks and
@@ -11,8 +12,64 @@ Per-token tensors are laid out ``[B * T, H, N]`` (row stride ``H * N``); states 
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
+
+BT = 64
+"""Tokens per chunk."""
+BC = 16
+"""Tokens per row block inside a chunk (score blocks, the block inverse)."""
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Chunk bookkeeping of one call, shared by the forward and backward launches.
+
+    ``NC`` chunks in all; ``grid`` the per-chunk launch grid ``(chunks, B * HV)`` (``(NC, HV)``
+    with varlen); with ``cu_seqlens``, ``cu_seqlens`` (int32), ``chunk_indices`` (``[NC, 2]``:
+    sequence, chunk within it) and ``chunk_offsets`` (first chunk of each sequence), else
+    ``None``. ``state_dtype`` is the state dtype, ``DT`` the same as a Triton type, ``prec`` the
+    ``tl.dot`` input precision; ``interpreting``: running in Triton's interpreter.
+    """
+
+    NC: int
+    grid: tuple
+    cu_seqlens: torch.Tensor | None
+    chunk_indices: torch.Tensor | None
+    chunk_offsets: torch.Tensor | None
+    state_dtype: torch.dtype
+    DT: object
+    prec: str
+    interpreting: bool
+
+
+def interpreting() -> bool:
+    """Whether Triton runs in its interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def chunk_layout(problem, cu_seqlens, device, prec: str) -> ChunkLayout:
+    """The :class:`ChunkLayout` of a validated call (``problem``: ``inputs.QEDProblem``)."""
+    P = problem
+    if cu_seqlens is not None:
+        idx, offs = [], []
+        for n, (_, bos, eos) in enumerate(P.seq_bounds):
+            offs.append(len(idx))
+            idx.extend((n, i) for i in range(triton.cdiv(eos - bos, BT)))
+        chunk_indices = torch.tensor(idx, dtype=torch.int32, device=device)
+        chunk_offsets = torch.tensor(offs, dtype=torch.int32, device=device)
+        cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
+        NC, grid = len(idx), (len(idx), P.HV)
+    else:
+        chunk_indices = chunk_offsets = cu = None
+        NC, grid = P.B * triton.cdiv(P.T, BT), (triton.cdiv(P.T, BT), P.B * P.HV)
+    DT = {torch.float32: tl.float32, torch.float64: tl.float64}[P.compute_dtype]
+    return ChunkLayout(NC=NC, grid=grid, cu_seqlens=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                       state_dtype=P.compute_dtype, DT=DT, prec=prec, interpreting=interpreting())
 
 
 # ----------------------------------------------------------------------------------- tiles

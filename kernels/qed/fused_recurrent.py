@@ -5,13 +5,16 @@ S_{t-1}``, ``a_t = b_t * k_hat_t + lam_t d_t``, ``S_t = S_bar_t + k_hat_t (w_t v
 a_t)^T``, ``o_t = S_t^T scale q_hat_t``), with the state ``K x V`` in float32 (float64 for float64
 inputs).
 
-Shapes: ``q, k, g, b`` ``[B, T, H, K]``; ``v, w`` ``[B, T, H, V]``; ``lam`` ``[H]`` or
-``[B, T, H]``; states ``[N, H, K, V]``; ``K, V <= 256``. Probes (only when asked):
-``rho = q_hat . k_hat`` ``[B, T, H]``, ``d`` ``[B, T, H, K]``, ``Sd = S_bar^T d``
-``[B, T, H, V]``, ``e = 1 - a . k_hat`` ``[B, T, H]``.
+Shapes: ``q, k`` ``[B, T, H, K]``; ``g, b`` ``[B, T, HV, K]``; ``v, w`` ``[B, T, HV, V]``;
+``lam`` ``[HV]`` or ``[B, T, HV]``; states ``[N, HV, K, V]``; ``K, V <= 256``; value head ``j``
+reads query/key head ``j // (HV // H)``. Probes (only when asked): ``rho = q_hat . k_hat``
+``[B, T, HV]``, ``d`` ``[B, T, HV, K]``, ``Sd = S_bar^T d`` ``[B, T, HV, V]``,
+``e = 1 - a . k_hat`` ``[B, T, HV]``.
 
 One program holds the full key axis and a ``BV``-wide slice of the value axis of one
-(sequence, head) state in registers and walks its tokens; grid ``(N * H, cdiv(V, BV))``.
+(sequence, value head) state in registers and walks its tokens; grid ``(N * HV, cdiv(V, BV))``.
+The arm enters as the compile-time flags of ``arms.direction_flags``; absent inputs and outputs
+are ``None`` and their switches are derived from that by ``@triton.heuristics``.
 Per token: one fused reduction for all dot products over K, then the two independent reads
 ``S_bar^T a`` and ``S_bar^T q`` (``o_t = S_bar^T q + (k.q) r_t``); the next token's inputs are
 loaded while this one computes. ``scale`` is compiled in (exact for float64), so each new
@@ -23,17 +26,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .inputs import ARMS, check_qed_inputs, on_input_device
+from .arms import direction_flags
+from .inputs import check_qed_inputs, on_input_device
 
 MAX_HEAD_DIM = 256
 
 
 @triton.jit
-def _token_inputs(q, k, g, b, w, v, t, i_h, H, K, V, o_k, o_v, mask_k, mask_v):
-    """The raw ``q, k, g, b`` (K) and ``w, v`` (V) vectors of token ``t`` and head ``i_h``."""
-    i_tk = (t * H + i_h) * K + o_k
-    i_tv = (t * H + i_h) * V + o_v
-    return (tl.load(q + i_tk, mask=mask_k, other=0), tl.load(k + i_tk, mask=mask_k, other=0),
+def _token_inputs(q, k, g, b, w, v, t, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v):
+    """The raw ``q, k`` (query/key head ``i_h``), ``g, b`` (K) and ``w, v`` (V) vectors (value
+    head ``i_hv``) of token ``t``."""
+    i_qk = (t * H + i_h) * K + o_k
+    i_tk = (t * HV + i_hv) * K + o_k
+    i_tv = (t * HV + i_hv) * V + o_v
+    return (tl.load(q + i_qk, mask=mask_k, other=0), tl.load(k + i_qk, mask=mask_k, other=0),
             tl.load(g + i_tk, mask=mask_k, other=0), tl.load(b + i_tk, mask=mask_k, other=0),
             tl.load(w + i_tv, mask=mask_v, other=0), tl.load(v + i_tv, mask=mask_v, other=0))
 
@@ -43,6 +49,13 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
 
+@triton.heuristics({
+    "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
+    "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "STORE_PROBES": lambda args: args["rho_out"] is not None,
+    "LAM_PER_TOKEN": lambda args: args["lam"].dim() == 3,
+})
 @triton.jit(do_not_specialize=["T"])
 def qed_recurrent_kernel(
     q, k, v, g, b, w, lam, z, d, o, h0, ht, cu_seqlens,
@@ -50,23 +63,26 @@ def qed_recurrent_kernel(
     T,
     scale: tl.constexpr,
     H: tl.constexpr,
+    HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    ARM: tl.constexpr,
-    HAS_D: tl.constexpr,
-    LAM_PER_TOKEN: tl.constexpr,
+    DIR_SOURCE: tl.constexpr,
+    DIR_GATED: tl.constexpr,
+    DIR_PROJECTED: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
+    DT: tl.constexpr,
+    LAM_PER_TOKEN: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     STORE_PROBES: tl.constexpr,
-    DT: tl.constexpr,
 ):
     i_nh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
@@ -83,57 +99,54 @@ def qed_recurrent_kernel(
     if USE_INITIAL_STATE:
         p_h0 = h0 + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         b_h += tl.load(p_h0, mask=mask_k[:, None] & mask_v[None, :], other=0).to(DT)
-    if ARM == 4:  # rand: z_h is fixed per head
-        b_z = tl.load(z + i_h * K + o_k, mask=mask_k, other=0).to(DT)
+    if DIR_SOURCE == "z":  # rand: z is fixed per value head
+        b_z = tl.load(z + i_hv * K + o_k, mask=mask_k, other=0).to(DT)
     if not LAM_PER_TOKEN:
-        b_lam = tl.load(lam + i_h).to(DT)
+        b_lam = tl.load(lam + i_hv).to(DT)
 
     # Each token's vectors are loaded one token ahead, so their memory latency hides behind the
     # previous token's arithmetic (and the first token's behind the state load).
-    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, H, K, V, o_k, o_v, mask_k, mask_v)
+    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v)
     t = bos
     while t < eos:  # a while loop: the interpreter cannot range() over program-id tensors
-        i_tk = (t * H + i_h) * K + o_k
-        i_tv = (t * H + i_h) * V + o_v
+        i_tk = (t * HV + i_hv) * K + o_k
+        i_tv = (t * HV + i_hv) * V + o_v
         b_q, b_k, b_g, b_b, b_w, b_v = nxt
         t_next = tl.minimum(t + 1, eos - 1)  # the last token re-reads itself
-        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, H, K, V, o_k, o_v, mask_k, mask_v)
+        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v)
         b_q, b_k, b_g, b_b = b_q.to(DT), b_k.to(DT), b_g.to(DT), b_b.to(DT)
         b_wv = b_w.to(DT) * b_v.to(DT)
         if LAM_PER_TOKEN:
-            b_lam = tl.load(lam + t * H + i_h).to(DT)
+            b_lam = tl.load(lam + t * HV + i_hv).to(DT)
 
-        # Every dot product over K in one reduction. u: what the projected arms project
-        # (ARMS order: gdn2, nogate_noproj, nogate, full, rand, noproj).
-        if ARM == 3:
-            b_u = b_b * b_q
-        elif ARM == 4:
-            b_u = b_b * b_z
+        # The raw direction x (before the norms of q and k are applied), then every dot product
+        # over K in one reduction (k.x: the projection coefficient).
+        if DIR_SOURCE == "z":
+            b_x = b_z
+        elif DIR_SOURCE == "d":
+            b_x = tl.load(d + i_tk, mask=mask_k, other=0).to(DT)
         else:
-            b_u = b_q
-        qq, kk, qk, ku = tl.reduce((b_q * b_q, b_k * b_k, b_q * b_k, b_k * b_u), 0, _add4)
+            b_x = b_q
+        if DIR_GATED:
+            b_x = b_b * b_x
+        qq, kk, qk, kx = tl.reduce((b_q * b_q, b_k * b_k, b_q * b_k, b_k * b_x), 0, _add4)
         if USE_QK_L2NORM:
             r_q = 1 / tl.sqrt(qq + 1e-6)
             r_k = 1 / tl.sqrt(kk + 1e-6)
             b_q *= r_q
             b_k *= r_k
             qk *= r_q * r_k
-            ku *= r_k if ARM == 4 else r_q * r_k
+            kx *= r_k
+            if DIR_SOURCE == "q":
+                b_x *= r_q
+                kx *= r_q
 
-        if HAS_D:
-            b_d = tl.load(d + i_tk, mask=mask_k, other=0).to(DT)
-        elif ARM == 0:
+        if DIR_SOURCE == "none":
             b_d = tl.zeros([BK], dtype=DT)
-        elif ARM == 1:
-            b_d = b_q
-        elif ARM == 2:
-            b_d = b_q - b_k * ku
-        elif ARM == 3:
-            b_d = b_b * b_q - b_k * ku
-        elif ARM == 4:
-            b_d = b_b * b_z - b_k * ku
+        elif DIR_PROJECTED:
+            b_d = b_x - b_k * kx
         else:
-            b_d = b_b * b_q
+            b_d = b_x
         b_a = b_b * b_k + b_lam * b_d
 
         b_h *= tl.exp(b_g)[:, None]
@@ -144,8 +157,8 @@ def qed_recurrent_kernel(
         if STORE_PROBES:
             tl.store(sd_out + i_tv, tl.sum(b_h * b_d[:, None], 0).to(sd_out.dtype.element_ty), mask=mask_v)
             if i_v == 0:
-                tl.store(rho_out + t * H + i_h, qk.to(rho_out.dtype.element_ty))
-                tl.store(e_out + t * H + i_h, (1 - tl.sum(b_a * b_k)).to(e_out.dtype.element_ty))
+                tl.store(rho_out + t * HV + i_hv, qk.to(rho_out.dtype.element_ty))
+                tl.store(e_out + t * HV + i_hv, (1 - tl.sum(b_a * b_k)).to(e_out.dtype.element_ty))
                 tl.store(d_out + i_tk, b_d.to(d_out.dtype.element_ty), mask=mask_k)
         b_h += b_k[:, None] * b_r[None, :]
         tl.store(o + i_tv, b_o.to(o.dtype.element_ty), mask=mask_v)
@@ -157,13 +170,34 @@ def qed_recurrent_kernel(
 
 
 def _block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BV, num_warps)``: the value-slice width each program holds, and its warps.
-
-    (32, 4) for float32 state at K=V=128 was the fastest of (16,4), (32,4), (32,8), (64,8) for
-    decode at B=16 and B=64 on an H200 (bench/recurrent_decode.py).
-    """
+    """``(BV, num_warps)``: the value-slice width each program holds, and its warps (by rule from
+    ``K``, ``V`` and the state dtype; docs/BENCHMARKS.md has the decode measurements behind it)."""
     BV = min(triton.next_power_of_2(V), 32 if dtype == torch.float32 else 16)
     return BV, 4 if triton.next_power_of_2(K) * BV <= 4096 else 8
+
+
+def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, output_final_state: bool,
+                  return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem) -> tuple:
+    """Launch :func:`qed_recurrent_kernel` on contiguous inputs: ``(o, final_state, probes)``."""
+    P = problem
+    B, T, HV, K, V, ct = P.B, P.T, P.HV, P.K, P.V, P.compute_dtype
+    o = torch.empty_like(v)
+    final_state = q.new_empty(P.N, HV, K, V, dtype=ct) if output_final_state else None
+    probes = None
+    if return_probes:
+        probes = {"rho": q.new_empty(B, T, HV, dtype=ct), "d": q.new_empty(B, T, HV, K, dtype=ct),
+                  "Sd": q.new_empty(B, T, HV, V, dtype=ct), "e": q.new_empty(B, T, HV, dtype=ct)}
+    BV, num_warps = _block_config(K, V, ct)
+    qed_recurrent_kernel[(P.N * HV, triton.cdiv(V, BV))](
+        q=q, k=k, v=v, g=g, b=b, w=w, lam=lam, z=z, d=d, o=o, h0=initial_state, ht=final_state,
+        cu_seqlens=cu_seqlens,
+        rho_out=probes and probes["rho"], d_out=probes and probes["d"],
+        sd_out=probes and probes["Sd"], e_out=probes and probes["e"],
+        T=T, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV,
+        **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
+        DT=tl.float64 if ct == torch.float64 else tl.float32, num_warps=num_warps,
+    )
+    return o, final_state, probes
 
 
 @on_input_device
@@ -171,37 +205,15 @@ def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=No
                   output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
     """Token-by-token QED forward in one Triton launch (forward only, no gradients).
 
-    Arguments, returns, dtypes and probes exactly as :func:`qedprobe.kernels.qed.naive.qed_naive`;
-    ``K`` and ``V`` at most 256. Non-contiguous inputs are copied to contiguous ones first.
+    Arguments, returns, dtypes and probes exactly as :func:`qedprobe.kernels.qed.naive.qed_naive`
+    (grouped value heads included); ``K`` and ``V`` at most 256. Non-contiguous inputs are
+    copied to contiguous ones first.
     """
     P = check_qed_inputs("qed_recurrent", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
-    B, T, H, K, V, ct = P.B, P.T, P.H, P.K, P.V, P.compute_dtype
-    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
-        raise ValueError(f"qed_recurrent: K and V must be at most {MAX_HEAD_DIM}, got K={K}, V={V}")
-    q, k, v, g, b, w, lam = (x.contiguous() for x in (q, k, v, g, b, w, lam))
-    o = torch.empty_like(v)
-    final_state = q.new_empty(P.N, H, K, V, dtype=ct) if output_final_state else None
-    probes = None
-    if return_probes:
-        probes = {"rho": q.new_empty(B, T, H, dtype=ct), "d": q.new_empty(B, T, H, K, dtype=ct),
-                  "Sd": q.new_empty(B, T, H, V, dtype=ct), "e": q.new_empty(B, T, H, dtype=ct)}
-    BV, num_warps = _block_config(K, V, ct)
-    qed_recurrent_kernel[(P.N * H, triton.cdiv(V, BV))](
-        q, k, v, g, b, w, lam,
-        None if z is None else z.contiguous(),
-        None if d is None else d.contiguous(),
-        o,
-        None if initial_state is None else initial_state.contiguous(),
-        final_state,
-        None if cu_seqlens is None else cu_seqlens.to(q.device),
-        *((None,) * 4 if probes is None else (probes["rho"], probes["d"], probes["Sd"], probes["e"])),
-        T,
-        scale=P.scale, H=H, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV,
-        ARM=ARMS.index(arm), HAS_D=d is not None, LAM_PER_TOKEN=P.lam_per_token,
-        USE_QK_L2NORM=use_qk_l2norm, USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state, IS_VARLEN=cu_seqlens is not None,
-        STORE_PROBES=return_probes, DT=tl.float64 if ct == torch.float64 else tl.float32,
-        num_warps=num_warps,
-    )
-    return o, final_state, probes
+    if P.K > MAX_HEAD_DIM or P.V > MAX_HEAD_DIM:
+        raise ValueError(f"qed_recurrent: K and V must be at most {MAX_HEAD_DIM}, got K={P.K}, V={P.V}")
+    contiguous = lambda x: None if x is None else x.contiguous()  # noqa: E731
+    return recurrent_fwd(*(x.contiguous() for x in (q, k, v, g, b, w, lam)), contiguous(z), contiguous(d),
+                         P.scale, contiguous(initial_state), output_final_state, return_probes, use_qk_l2norm,
+                         None if cu_seqlens is None else cu_seqlens.to(q.device), arm, P)

@@ -1,7 +1,11 @@
 """Argument checking shared by every QED op (``qed_naive``, ``qed_chunk``, ``qed_recurrent``).
 
 One function, :func:`check_qed_inputs`, validates shapes, dtypes, devices and options and
-returns a :class:`QEDProblem` with the sizes every op needs. Every failure is a
+returns a :class:`QEDProblem` with the sizes every op needs. Shapes follow fla's GDN-2
+convention for grouped value heads: ``q, k`` ``[B, T, H, K]``; ``v, w`` ``[B, T, HV, V]``;
+``g, b, d`` ``[B, T, HV, K]``; ``lam`` ``[HV]`` or ``[B, T, HV]``; ``z`` ``[HV, K]``; states
+``[N, HV, K, V]``; ``HV`` a multiple of ``H`` (``HV == H``: one value head per query/key head).
+Every failure is a
 ``ValueError`` that names the argument and what was expected; nothing is coerced.
 
 Value checks (finite inputs, ``g <= 0``, ``|lam| <= LAMBDA_BOUND``) need a device
@@ -55,14 +59,17 @@ def value_checks_enabled() -> bool:
 class QEDProblem:
     """Sizes and options of one validated call.
 
-    ``N`` is the number of sequences: ``B`` without ``cu_seqlens``, ``len(cu_seqlens) - 1``
-    with it. ``seq_bounds`` lists ``(batch_row, bos, eos)`` for each of the N sequences.
+    ``H`` is the number of query/key heads, ``HV`` the number of value heads (``HV = m * H``;
+    value head ``j`` reads query/key head ``j // m``, ``m = HV // H`` is ``group``). ``N`` is the
+    number of sequences: ``B`` without ``cu_seqlens``, ``len(cu_seqlens) - 1`` with it.
+    ``seq_bounds`` lists ``(batch_row, bos, eos)`` for each of the N sequences.
     ``compute_dtype`` is float64 when the inputs are float64, else float32 (the state dtype).
     """
 
     B: int
     T: int
     H: int
+    HV: int
     K: int
     V: int
     N: int
@@ -70,6 +77,11 @@ class QEDProblem:
     lam_per_token: bool
     compute_dtype: torch.dtype
     seq_bounds: tuple
+
+    @property
+    def group(self) -> int:
+        """Value heads per query/key head."""
+        return self.HV // self.H
 
 
 def _shape(name: str, x, expected: tuple, op: str, dims: str):
@@ -94,31 +106,35 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
     B, T, H, K = q.shape
     if not isinstance(v, torch.Tensor) or v.dim() != 4:
         got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-        raise ValueError(f"{op}: `v` must be a 4-D tensor [B, T, H, V], got {got}")
-    V = v.shape[-1]
-    if T == 0 or K == 0 or V == 0 or H == 0 or B == 0:
+        raise ValueError(f"{op}: `v` must be a 4-D tensor [B, T, HV, V], got {got}")
+    HV, V = v.shape[2], v.shape[3]
+    if T == 0 or K == 0 or V == 0 or H == 0 or B == 0 or HV == 0:
         raise ValueError(f"{op}: empty input, q has shape {tuple(q.shape)} and v {tuple(v.shape)}")
+    if HV % H != 0:
+        raise ValueError(f"{op}: the value heads of `v` (HV={HV}) must be a multiple of the query/key heads "
+                         f"of `q` (H={H}): value head j reads query/key head j // (HV // H)")
     _shape("k", k, (B, T, H, K), op, "[B, T, H, K]")
-    _shape("v", v, (B, T, H, V), op, "[B, T, H, V]")
-    _shape("g", g, (B, T, H, K), op, "[B, T, H, K]")
-    _shape("b", b, (B, T, H, K), op, "[B, T, H, K]")
-    _shape("w", w, (B, T, H, V), op, "[B, T, H, V]")
-    if not isinstance(lam, torch.Tensor) or tuple(lam.shape) not in ((H,), (B, T, H)):
+    _shape("v", v, (B, T, HV, V), op, "[B, T, HV, V]")
+    _shape("g", g, (B, T, HV, K), op, "[B, T, HV, K]")
+    _shape("b", b, (B, T, HV, K), op, "[B, T, HV, K]")
+    _shape("w", w, (B, T, HV, V), op, "[B, T, HV, V]")
+    if not isinstance(lam, torch.Tensor) or tuple(lam.shape) not in ((HV,), (B, T, HV)):
         got = tuple(lam.shape) if isinstance(lam, torch.Tensor) else type(lam).__name__
-        raise ValueError(f"{op}: `lam` must be a tensor of shape [H] = ({H},) or [B, T, H] = {(B, T, H)}, got {got}")
+        raise ValueError(f"{op}: `lam` must be a tensor of shape [HV] = ({HV},) or [B, T, HV] = {(B, T, HV)}, "
+                         f"got {got}")
     tensors = {"q": q, "k": k, "v": v, "g": g, "b": b, "w": w, "lam": lam}
 
     if arm not in ARMS:
         raise ValueError(f"{op}: `arm` must be one of {ARMS}, got {arm!r}")
     if arm == "rand":
         if z is None:
-            raise ValueError(f"{op}: arm='rand' needs `z`, one unit vector per head, shape [H, K] = {(H, K)}")
-        _shape("z", z, (H, K), op, "[H, K]")
+            raise ValueError(f"{op}: arm='rand' needs `z`, one unit vector per value head, shape [HV, K] = {(HV, K)}")
+        _shape("z", z, (HV, K), op, "[HV, K]")
         tensors["z"] = z
     elif z is not None:
         raise ValueError(f"{op}: `z` is only used by arm='rand', got arm={arm!r}; pass z=None")
     if d is not None:
-        _shape("d", d, (B, T, H, K), op, "[B, T, H, K]")
+        _shape("d", d, (B, T, HV, K), op, "[B, T, HV, K]")
         tensors["d"] = d
 
     for name, x in tensors.items():
@@ -153,7 +169,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
         seq_bounds = tuple((0, offsets[n], offsets[n + 1]) for n in range(N))
 
     if initial_state is not None:
-        _shape("initial_state", initial_state, (N, H, K, V), op, "[N, H, K, V]")
+        _shape("initial_state", initial_state, (N, HV, K, V), op, "[N, HV, K, V]")
         if initial_state.dtype != compute_dtype:
             raise ValueError(f"{op}: `initial_state` must be {compute_dtype} (the state dtype), got {initial_state.dtype}")
         if initial_state.device != device:
@@ -177,7 +193,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
             raise ValueError(f"{op}: `lam` must satisfy |lam| <= LAMBDA_BOUND = {LAMBDA_BOUND:g} (beyond it the "
                              f"state can grow without bound), got max |lam| {lam.abs().max().item():.4g}")
 
-    return QEDProblem(B=B, T=T, H=H, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
+    return QEDProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
                       compute_dtype=compute_dtype, seq_bounds=seq_bounds)
 
 

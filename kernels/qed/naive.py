@@ -9,8 +9,13 @@ Per sequence, head and token (state ``S`` is ``K x V``, float32 or float64)::
     S_t     = S_bar_t + k_hat_t r_t^T               (rank-one write along k_hat_t)
     o_t     = S_t^T (scale * q_hat_t)
 
-Probes, per token and head: ``rho_t = q_hat_t . k_hat_t``, ``d_t``,
+Probes, per token and value head: ``rho_t = q_hat_t . k_hat_t``, ``d_t``,
 ``Sd_t = S_bar_t^T d_t`` and the erase eigenvalue ``e_t = 1 - a_t . k_hat_t``.
+
+Grouped value heads (fla's GDN-2 convention): ``HV = m * H`` states, value head ``j`` reads
+query/key head ``j // m``; everything else (``v, w, g, b, lam, d, z``, states, probes) is per
+value head. The reference expands ``q, k`` to ``HV`` heads (``repeat_interleave``), so their
+gradients are the sums over each group.
 """
 from __future__ import annotations
 
@@ -28,24 +33,32 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, problem):
-    """Normalised ``q, k``, per-token ``lam`` ``[B, T, H]``, direction ``d`` and erase vector ``a``.
+def expand_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``[B, T, H, K]`` -> ``[B, T, H * group, K]``: value head ``j`` gets head ``j // group``."""
+    return x if group == 1 else x.repeat_interleave(group, dim=2)
 
-    All in ``problem.compute_dtype``; shared by the reference and the PyTorch fallback path.
+
+def prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, problem):
+    """Normalised ``q, k`` expanded to the value heads, per-token ``lam`` ``[B, T, HV]``,
+    direction ``d`` and erase vector ``a`` (all ``[B, T, HV, *]``).
+
+    All in ``problem.compute_dtype``; shared by the reference, the PyTorch chunk path and the
+    Triton backward's input map.
     """
     ct = problem.compute_dtype
     q, k, b = q.to(ct), k.to(ct), b.to(ct)
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
+    q, k = expand_heads(q, problem.group), expand_heads(k, problem.group)
     lam = lam.to(ct)
     if lam.dim() == 1:
-        lam = lam.expand(problem.B, problem.T, problem.H)
+        lam = lam.expand(problem.B, problem.T, problem.HV)
     d = erase_direction(q, k, b, arm, z) if d is None else d.to(ct)
     return q, k, lam, d, erase_vector(k, b, lam, d)
 
 
 def token_scan(q, k, wv, g, a, d, scale, state, want_sd):
-    """Token loop over ``[B, T, H, *]`` tensors from ``state`` ``[B, H, K, V]``."""
+    """Token loop over ``[B, T, HV, *]`` tensors from ``state`` ``[B, HV, K, V]``."""
     outs, sds = [], []
     for t in range(q.shape[1]):
         s_bar = state * g[:, t].exp().unsqueeze(-1)
@@ -64,21 +77,22 @@ def qed_naive(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
 
     Args:
         q, k: ``[B, T, H, K]`` queries and keys (L2-normalised here when ``use_qk_l2norm``).
-        v: ``[B, T, H, V]`` values.
-        g: ``[B, T, H, K]`` natural-log decay, ``<= 0``.
-        b: ``[B, T, H, K]`` erase gate; w: ``[B, T, H, V]`` write gate.
-        lam: ``[H]`` per-head or ``[B, T, H]`` per-token strength.
+        v: ``[B, T, HV, V]`` values, ``HV`` a multiple of ``H`` (value head ``j`` reads
+            query/key head ``j // (HV // H)``).
+        g: ``[B, T, HV, K]`` natural-log decay, ``<= 0``.
+        b: ``[B, T, HV, K]`` erase gate; w: ``[B, T, HV, V]`` write gate.
+        lam: ``[HV]`` per-head or ``[B, T, HV]`` per-token strength.
         arm: one of ``gdn2, nogate_noproj, nogate, full, rand, noproj``.
-        z: ``[H, K]`` unit vectors, required for (and only for) ``arm="rand"``.
-        d: optional ``[B, T, H, K]`` direction that replaces the arm's (used as given).
+        z: ``[HV, K]`` unit vectors (one per value head), required for (and only for) ``arm="rand"``.
+        d: optional ``[B, T, HV, K]`` direction that replaces the arm's (used as given).
         scale: output scale, default ``K ** -0.5``.
-        initial_state: ``[N, H, K, V]`` (N = B, or the number of packed sequences).
-        output_final_state: return the final ``[N, H, K, V]`` state.
-        return_probes: return ``{"rho": [B,T,H], "d": [B,T,H,K], "Sd": [B,T,H,V], "e": [B,T,H]}``.
+        initial_state: ``[N, HV, K, V]`` (N = B, or the number of packed sequences).
+        output_final_state: return the final ``[N, HV, K, V]`` state.
+        return_probes: return ``{"rho": [B,T,HV], "d": [B,T,HV,K], "Sd": [B,T,HV,V], "e": [B,T,HV]}``.
         cu_seqlens: ``[N + 1]`` offsets of packed sequences (requires ``B == 1``).
 
     Returns:
-        ``(o, final_state, probes)``: ``o`` ``[B, T, H, V]`` in ``v``'s dtype; state and probes
+        ``(o, final_state, probes)``: ``o`` ``[B, T, HV, V]`` in ``v``'s dtype; state and probes
         in float32 (float64 for float64 inputs); ``None`` for what was not asked.
     """
     return run_scan("qed_naive", token_scan, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
@@ -92,7 +106,7 @@ def run_scan(op, scan, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state
     sequence) and assemble ``(o, final_state, probes)``; shared by the PyTorch ops.
 
     ``scan(q, k, wv, g, a, d, scale, state, want_sd) -> (o, state, Sd or None)`` works on
-    ``[B, T, H, *]`` tensors in the compute dtype from ``state`` ``[B, H, K, V]``.
+    ``[B, T, HV, *]`` tensors in the compute dtype from ``state`` ``[B, HV, K, V]``.
     """
     P = check_qed_inputs(op, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
@@ -100,7 +114,7 @@ def run_scan(op, scan, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state
     q, k, lam, d, a = prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, P)
     wv, g = w.to(ct) * v.to(ct), g.to(ct)
     if initial_state is None:
-        initial_state = torch.zeros(P.N, P.H, P.K, P.V, dtype=ct, device=q.device)
+        initial_state = torch.zeros(P.N, P.HV, P.K, P.V, dtype=ct, device=q.device)
     if cu_seqlens is None:
         o, final_state, sd = scan(q, k, wv, g, a, d, P.scale, initial_state, return_probes)
     else:

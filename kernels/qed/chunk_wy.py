@@ -1,0 +1,187 @@
+r"""Intra-chunk kernels of ``qed_chunk``, part 2: the UT-transform inverse and the WY factors
+(see ``chunk.py`` for the algorithm, ``chunk_intra.py`` for what they read).
+
+``qed_inverse_kernel`` (one program per chunk and value head): ``Ai = (I + A_kk)^{-1}`` for the
+strictly lower ``[BT, BT]`` chunk matrix ``A_kk``, in blocks of ``BC = 16`` rows: the four
+diagonal blocks at once by forward substitution on a ``[4, 16, 16]`` tile (row ``i`` =
+``e_i - sum_{m<i} A[i, m] row m``, the rows of ``A`` loaded from memory: 15 dependent steps),
+then the off-diagonal blocks by block products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``.
+The unrolling is written for ``BT = 4 * BC`` (checked on the host).
+
+``qed_wy_kernel`` (one program per chunk and value head), as fla's ``wy_fast.py``:
+``W = Ai (a e^G)`` (``[BT, K]``) and ``U = Ai (w v)`` (``[BT, V]``), with ``a e^G`` as the prep
+kernel wrote it (in the products' dtype, as fla casts ``b k e^G`` before its product).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk_common import BC, BT, ChunkLayout, _put, _tile, channel_slice, chunk_position
+
+WY_BKS = 32
+"""Key slice of the W/U kernel."""
+WY_BVS = 32
+"""Value slice of the W/U kernel (at 64 it spills with 4 warps)."""
+WY_WARPS = 4
+INVERSE_WARPS = 8
+"""Warps of the two kernels, by rule (no autotuning; ptxas figures in docs/BENCHMARKS.md)."""
+
+
+@triton.jit
+def _inv_diag(akk, c0, eos, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr):
+    """``(I + A_JJ)^{-1}`` of the ``BT // BC`` diagonal blocks of the strictly lower ``A_kk`` as one
+    ``[BT // BC, BC, BC]`` tile, by forward substitution over the block rows."""
+    o_b = tl.arange(0, BT // BC)
+    o_c = tl.arange(0, BC)
+    eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.).to(DT)
+    X = tl.zeros([BT // BC, BC, BC], dtype=DT) + eye[None, :, :]
+    for i in tl.static_range(1, BC):
+        r = c0 + o_b * BC + i
+        a = tl.load(akk + r[:, None] * (HV * BT) + (o_b * BC)[:, None] + o_c[None, :],
+                    mask=(r < eos)[:, None] & (o_c < i)[None, :], other=0.).to(DT)
+        X = tl.where((o_c == i)[None, :, None], X - tl.sum(a[:, :, None] * X, 1)[:, None, :], X)
+    return X
+
+
+@triton.jit
+def _block_of(X, J: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Block ``J`` (``[BC, BC]``) of a ``[BT // BC, BC, BC]`` tile."""
+    o_b = tl.arange(0, BT // BC)
+    return tl.sum(tl.where((o_b == J)[:, None, None], X, 0.), 0)
+
+
+@triton.jit
+def _blk(A, r0, eos, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+         DT: tl.constexpr):
+    """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]`` per-chunk matrix starting at row ``r0``."""
+    rows = r0 + I * BC + tl.arange(0, BC)
+    cols = J * BC + tl.arange(0, BC)
+    return _tile(A, rows, rows < eos, cols, cols < BT, HV * BT, DT)
+
+
+@triton.jit
+def _set(A, x, r0, eos, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Store ``x`` as block ``(I, J)`` of a ``[BT, BT]`` per-chunk matrix starting at row ``r0``."""
+    rows = r0 + I * BC + tl.arange(0, BC)
+    cols = J * BC + tl.arange(0, BC)
+    _put(A, x, rows, rows < eos, cols, cols < BT, HV * BT)
+
+
+@triton.jit
+def _mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def qed_inverse_kernel(
+    akk, ai, cu_seqlens, chunk_indices, T,
+    HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    c0 = bos + i_t * BT
+    akk += i_hv * BT
+    ai += i_hv * BT
+    X = _inv_diag(akk, c0, eos, HV, BT, BC, DT)
+    i00 = _block_of(X, 0, BT, BC)
+    i11 = _block_of(X, 1, BT, BC)
+    i22 = _block_of(X, 2, BT, BC)
+    i33 = _block_of(X, 3, BT, BC)
+    k10 = _blk(akk, c0, eos, 1, 0, HV, BT, BC, DT)
+    k20 = _blk(akk, c0, eos, 2, 0, HV, BT, BC, DT)
+    k21 = _blk(akk, c0, eos, 2, 1, HV, BT, BC, DT)
+    k30 = _blk(akk, c0, eos, 3, 0, HV, BT, BC, DT)
+    k31 = _blk(akk, c0, eos, 3, 1, HV, BT, BC, DT)
+    k32 = _blk(akk, c0, eos, 3, 2, HV, BT, BC, DT)
+    i10 = -_mm(i11, _mm(k10, i00))
+    i21 = -_mm(i22, _mm(k21, i11))
+    i32 = -_mm(i33, _mm(k32, i22))
+    i20 = -_mm(i22, _mm(k20, i00) + _mm(k21, i10))
+    i31 = -_mm(i33, _mm(k31, i11) + _mm(k32, i21))
+    i30 = -_mm(i33, _mm(k30, i00) + _mm(k31, i10) + _mm(k32, i20))
+    zero = i00 * 0.
+    _set(ai, i00, c0, eos, 0, 0, HV, BT, BC)
+    _set(ai, zero, c0, eos, 0, 1, HV, BT, BC)
+    _set(ai, zero, c0, eos, 0, 2, HV, BT, BC)
+    _set(ai, zero, c0, eos, 0, 3, HV, BT, BC)
+    _set(ai, i10, c0, eos, 1, 0, HV, BT, BC)
+    _set(ai, i11, c0, eos, 1, 1, HV, BT, BC)
+    _set(ai, zero, c0, eos, 1, 2, HV, BT, BC)
+    _set(ai, zero, c0, eos, 1, 3, HV, BT, BC)
+    _set(ai, i20, c0, eos, 2, 0, HV, BT, BC)
+    _set(ai, i21, c0, eos, 2, 1, HV, BT, BC)
+    _set(ai, i22, c0, eos, 2, 2, HV, BT, BC)
+    _set(ai, zero, c0, eos, 2, 3, HV, BT, BC)
+    _set(ai, i30, c0, eos, 3, 0, HV, BT, BC)
+    _set(ai, i31, c0, eos, 3, 1, HV, BT, BC)
+    _set(ai, i32, c0, eos, 3, 2, HV, BT, BC)
+    _set(ai, i33, c0, eos, 3, 3, HV, BT, BC)
+
+
+def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.dtype) -> torch.Tensor:
+    """``(I + A_kk)^{-1}`` per chunk, ``[B, T, HV, BT]`` (``qed_inverse_kernel``): computed in the
+    state dtype, stored in ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse)."""
+    B, T, HV, bt = akk.shape
+    if bt != BT or BT != 4 * BC:
+        raise ValueError(f"qed_inverse_kernel unrolls a chunk of BT = 4 x BC = {4 * BC} rows, "
+                         f"got BT={bt} (BC={BC})")
+    ai = torch.empty_like(akk, dtype=out_dtype)
+    qed_inverse_kernel[lay.grid](
+        akk=akk, ai=ai, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        HV=HV, BT=BT, BC=BC, DT=lay.DT, num_warps=INVERSE_WARPS, num_stages=1,
+    )
+    return ai
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def qed_wy_kernel(
+    ag, v, w_gate, ai, w, u,
+    cu_seqlens, chunk_indices, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
+    BVS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    rows = bos + i_t * BT + o_t
+    m_t = rows < eos
+    b_ai = _tile(ai + i_hv * BT, rows, m_t, o_t, o_t < BT, HV * BT, DT).to(ag.dtype.element_ty)
+
+    off = i_hv * K
+    for i_k in range(tl.cdiv(K, BKS)):
+        cols, m_c = channel_slice(i_k, BKS, K)
+        b_ag = tl.load(ag + off + rows[:, None] * (HV * K) + cols[None, :], mask=m_t[:, None] & m_c[None, :], other=0.)
+        _put(w + off, tl.dot(b_ai, b_ag, input_precision=PREC), rows, m_t, cols, m_c, HV * K)
+    off = i_hv * V
+    for i_v in range(tl.cdiv(V, BVS)):
+        cols, m_c = channel_slice(i_v, BVS, V)
+        b_wv = _tile(v + off, rows, m_t, cols, m_c, HV * V, DT) * _tile(w_gate + off, rows, m_t, cols, m_c, HV * V, DT)
+        _put(u + off, tl.dot(b_ai, b_wv.to(ag.dtype.element_ty), input_precision=PREC), rows, m_t, cols, m_c, HV * V)
+
+
+@dataclass(frozen=True)
+class WYFactors:
+    """``w = Ai (a e^G)`` ``[B, T, HV, K]`` and ``u = Ai (w_gate v)`` ``[B, T, HV, V]``."""
+
+    w: torch.Tensor
+    u: torch.Tensor
+
+
+def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *,
+                 lay: ChunkLayout) -> WYFactors:
+    """Launch ``qed_wy_kernel`` (grid: chunks x value heads) on ``ag = a e^G`` (its dtype is that
+    of the products and of ``W, U``), the values and write gate, and ``Ai``."""
+    B, T, HV, K = ag.shape
+    V = v.shape[-1]
+    out = WYFactors(w=torch.empty_like(ag), u=torch.empty(B, T, HV, V, device=v.device, dtype=ag.dtype))
+    qed_wy_kernel[lay.grid](
+        ag=ag, v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        HV=HV, K=K, V=V, BT=BT, BKS=min(WY_BKS, triton.next_power_of_2(K)),
+        BVS=min(WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_WARPS, num_stages=1,
+    )
+    return out

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call for the kernels (issue #12): the GPU tests of qed_chunk / qed_recurrent, then the
+# benchmark (bench/kernels.py: fla's forward+backward first, the order-independence check,
+# T 1K-32K, probes on/off, every arm, grouped heads, forward+backward, decode).
+#
+# Wheels to carry (git-ignored folder .whl_kernels/, made on a machine with network):
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform any -d .whl_kernels fla-core==0.6.0 einops
+#   python3 -m pip wheel -q --no-deps -w .whl_kernels .     # qedprobe itself, rebuilt after every change
+# The call:  run(command="bash scripts/h200_kernels.sh", carry=[".whl_kernels"])
+# Environment: PARTS (default "tests bench"), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
+# FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
+# COMMIT (the commit the wheel was built from; default: this checkout's HEAD when it has .git).
+# Output in $OUT: gpu_tests.log, kernels.log and kernels.json (copy it to docs/benchmarks/kernels.json).
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    "$REPO"/.whl_kernels/*.whl || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
+COMMIT=${COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+PARTS=${PARTS:-tests bench}
+# From /tmp, so that the installed wheel (with qedprobe.kernels) is imported, not the source folder.
+cd /tmp
+if [[ " $PARTS " == *" tests "* ]]; then
+    select="gpu or GPU"
+    [[ ${FLA_BWD:-0} == 1 ]] || select="($select) and not test_gpu_vs_fla_gdn2_backward"
+    timeout "${TEST_SECONDS:-240}" python3 -m pytest -v -p no:cacheprovider --rootdir /tmp -k "$select" \
+        "$REPO"/tests/test_chunk.py "$REPO"/tests/test_chunk_bwd.py "$REPO"/tests/test_fused_recurrent.py \
+        2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|passed|failed" | tail -40
+fi
+if [[ " $PARTS " == *" bench "* ]]; then
+    timeout "${BENCH_SECONDS:-330}" python3 "$REPO"/bench/kernels.py --json "$OUT/kernels.json" --commit "$COMMIT" \
+        --budget $(( ${BENCH_SECONDS:-330} - 30 )) 2>&1 | tee "$OUT/kernels.log" | tail -60
+fi
