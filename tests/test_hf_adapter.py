@@ -223,6 +223,7 @@ def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"`layers` must be .* in \[0, 2, 3\]"):
         with strength(model, 1.5, layers=[1]):
             pass
+    assert model.generate([[3, 4, 5]], 4, do_sample=True, top_k=1) == model.generate([[3, 4, 5]], 4)
     with pytest.raises(ValueError, match="`generator` is not supported"):
         model.generate([[3, 4]], 2, do_sample=True, generator=torch.Generator())
     with pytest.raises(ValueError, match=r"token ids must be ints in \[0, 160\)"):
