@@ -1,6 +1,16 @@
-"""Needle-in-a-haystack tasks in the form of RULER's S-NIAH / MK-NIAH, generated offline.
+"""Needle-in-a-haystack tasks, generated offline, in two formats (:data:`FORMATS`).
 
-Tasks (``TASKS``):
+* ``ruler`` (the default, :mod:`qedprobe.eval.ruler`): NVIDIA RULER's NIAH tasks reproduced
+  prompt for prompt, with RULER's length budget, depths, keys and ``string_match_all`` score.
+* ``legacy``: qedprobe's earlier format, described below; the shipped checkpoints were trained
+  and evaluated on it (their ``config.json`` records ``task_format``).
+
+:func:`make_task` builds either; the legacy names ``s-niah-1/2/3`` and ``mk-niah`` also name
+RULER's ``niah_single_1/2/3`` and ``niah_multikey_1`` in the ``ruler`` format. Both formats
+produce :class:`Sample` objects, scored by :func:`answer_fraction` (the share of the answers found
+in the prediction: RULER's ``string_match_all`` for one sample) and :func:`score` (all found).
+
+Legacy tasks (``TASKS``):
 
 * ``s-niah-1``: haystack of the repeated noise text, one needle with a 7-digit number.
 * ``s-niah-2``: prose haystack (a text file), one needle with a 7-digit number.
@@ -39,7 +49,18 @@ from importlib import resources
 
 from qedprobe.tokenizer import load_tokenizer
 
-__all__ = ["TASKS", "NOISE_TEXT", "Sample", "NIAHTask", "make_task", "default_prose_path", "prompt_sha", "score"]
+__all__ = ["TASKS", "FORMATS", "DEFAULT_FORMAT", "RULER_ALIASES", "NOISE_TEXT", "Sample", "NIAHTask",
+           "make_task", "task_names", "default_prose_path", "prompt_sha", "score", "answer_fraction",
+           "string_match_all", "string_match_part", "answer_tokens"]
+
+FORMATS = ("ruler", "legacy")
+"""Task formats: RULER's prompts (:mod:`qedprobe.eval.ruler`) and qedprobe's earlier ones."""
+
+DEFAULT_FORMAT = "ruler"
+
+RULER_ALIASES = {"s-niah-1": "niah_single_1", "s-niah-2": "niah_single_2", "s-niah-3": "niah_single_3",
+                 "mk-niah": "niah_multikey_1"}
+"""Legacy task names and the RULER task each corresponds to (accepted in the ``ruler`` format)."""
 
 NOISE_TEXT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 """The noise haystack of S-NIAH-1, repeated."""
@@ -114,7 +135,12 @@ def prompt_sha(input_ids) -> str:
 
 @dataclass
 class Sample:
-    """One generated prompt. ``input_ids`` include the BOS token (if the tokenizer has one)."""
+    """One generated prompt. ``input_ids`` include the BOS token (if the tokenizer has one).
+
+    ``answers``: every value the prompt asks for (one, or several for RULER's multi-value and
+    multi-query tasks); ``answer`` is the first. ``counted_tokens``: the tokens the format counts
+    against ``length`` (legacy: ``input_ids`` and ``max_new_tokens``; RULER: the prompt without
+    special tokens and its 128 generated tokens)."""
 
     task: str
     length: int
@@ -128,6 +154,8 @@ class Sample:
     max_new_tokens: int
     needles: list = field(default_factory=list)  # [(key, value, depth)] of every needle, asked first
     haystack_units: int = 0
+    answers: list = field(default_factory=list)
+    counted_tokens: int = 0
 
     @property
     def sha(self) -> str:
@@ -146,6 +174,8 @@ class NIAHTask:
         haystack: ``"noise"`` or ``"prose"`` (only ``mk-niah`` may choose; default prose).
         max_new_tokens: generation budget, >= 1 (default 16 for numbers, 48 for UUIDs).
     """
+
+    format = "legacy"
 
     def __init__(self, name, tokenizer="bytes", *, haystack_file=None, num_needles=None,
                  haystack=None, max_new_tokens=None):
@@ -186,7 +216,7 @@ class NIAHTask:
     # ----------------------------------------------------------------------------- pieces
     def describe(self) -> dict:
         """What defines the samples (written to a sweep's config, checked on resume)."""
-        return {"task": self.name, "tokenizer": self.tokenizer.name, "haystack": self.haystack,
+        return {"format": self.format, "task": self.name, "tokenizer": self.tokenizer.name, "haystack": self.haystack,
                 "haystack_file": self.haystack_file, "num_needles": self.num_needles,
                 "max_new_tokens": self.max_new_tokens}
 
@@ -279,13 +309,8 @@ class NIAHTask:
         return n, ids
 
     def answer_tokens(self, samples) -> int:
-        """New tokens enough to read the answers of ``samples``: the longest continuation
-        ``" {value}."`` (as the needle writes it after the answer prefix's "is") in tokens, plus
-        :data:`ANSWER_MARGIN`, at most ``max_new_tokens`` (7-digit numbers in bytes: 9 + 2 = 11)."""
-        if not samples:
-            raise ValueError("answer_tokens: no samples")
-        need = max(len(self.tokenizer.encode(f" {s.answer}.")) for s in samples)
-        return min(self.max_new_tokens, need + ANSWER_MARGIN)
+        """New tokens enough to read the answers of ``samples`` (:func:`answer_tokens`)."""
+        return answer_tokens(self.tokenizer, samples, self.max_new_tokens)
 
     def min_length(self) -> int:
         """A length every sample fits in: an empty haystack and, for every needle, the key of the
@@ -316,7 +341,7 @@ class NIAHTask:
         return Sample(task=self.name, length=length, sample_id=i, seed=int(seed), prompt=text,
                       input_ids=ids, answer=value, key=key, depth=depth,
                       max_new_tokens=self.max_new_tokens, needles=[list(n) for n in needles],
-                      haystack_units=n_units)
+                      haystack_units=n_units, answers=[value], counted_tokens=len(ids) + self.max_new_tokens)
 
     def samples(self, length: int, samples: int, *, seed: int = 0, ids=None):
         """Samples ``ids`` (default all) at ``length``, as a list."""
@@ -324,11 +349,72 @@ class NIAHTask:
         return [self.sample(length, i, samples=samples, seed=seed) for i in ids]
 
 
-def score(prediction: str, answer: str) -> bool:
-    """RULER's string match: the answer appears in the prediction (case-insensitive)."""
-    return answer.lower() in prediction.lower()
+def answer_tokens(tokenizer, samples, max_new_tokens) -> int:
+    """New tokens enough to read the answers of ``samples``: the longest continuation
+    ``" {a1}, {a2}."`` (the answers after the answer prefix) in tokens, plus :data:`ANSWER_MARGIN`,
+    at most ``max_new_tokens`` (one 7-digit number in bytes: 9 + 2 = 11)."""
+    if not samples:
+        raise ValueError("answer_tokens: no samples")
+    need = max(len(tokenizer.encode(" " + ", ".join(s.answers) + ".")) for s in samples)
+    return min(int(max_new_tokens), need + ANSWER_MARGIN)
 
 
-def make_task(name, tokenizer="bytes", **kwargs) -> NIAHTask:
-    """Shorthand for :class:`NIAHTask`."""
-    return NIAHTask(name, tokenizer, **kwargs)
+def _answer_list(answers) -> list:
+    return [answers] if isinstance(answers, str) else list(answers)
+
+
+def answer_fraction(prediction: str, answers) -> float:
+    """Share of ``answers`` (a string or a list) that appear in ``prediction``, case-insensitive:
+    RULER's ``string_match_all`` for one sample."""
+    refs = _answer_list(answers)
+    if not refs:
+        raise ValueError("answer_fraction: no answers")
+    pred = prediction.lower()
+    return sum(1.0 if r.lower() in pred else 0.0 for r in refs) / len(refs)
+
+
+def score(prediction: str, answer) -> bool:
+    """RULER's string match: every answer (a string or a list) appears in the prediction
+    (case-insensitive)."""
+    return answer_fraction(prediction, answer) == 1.0
+
+
+def string_match_all(preds, refs) -> float:
+    """RULER's NIAH metric: mean over samples of :func:`answer_fraction`, in percent, 2 decimals."""
+    return round(sum(answer_fraction(p, r) for p, r in zip(preds, refs, strict=True)) / len(preds) * 100, 2)
+
+
+def string_match_part(preds, refs) -> float:
+    """RULER's QA metric: share of samples with at least one answer found, in percent, 2 decimals."""
+    return round(sum(answer_fraction(p, r) > 0 for p, r in zip(preds, refs, strict=True)) / len(preds) * 100, 2)
+
+
+def task_names(format=DEFAULT_FORMAT) -> tuple:
+    """The task names a format accepts (for ``ruler``: RULER's names, then the legacy aliases)."""
+    _check_format(format)
+    if format == "legacy":
+        return TASKS
+    from .ruler import RULER_TASKS
+    return tuple(RULER_TASKS) + tuple(RULER_ALIASES)
+
+
+def _check_format(format):
+    if format not in FORMATS:
+        raise ValueError(f"unknown task format {format!r}; choose one of {', '.join(FORMATS)}")
+
+
+def make_task(name, tokenizer="bytes", *, format=DEFAULT_FORMAT, haystack_file=None, **legacy):
+    """A task generator of ``format``: :class:`qedprobe.eval.ruler.RulerTask` or :class:`NIAHTask`.
+
+    ``haystack_file`` applies to both (RULER's essay haystack; the legacy prose haystack); the
+    keywords ``num_needles``, ``haystack`` and ``max_new_tokens`` are legacy options (RULER fixes
+    them per task) and must be None in the ``ruler`` format."""
+    _check_format(format)
+    if format == "legacy":
+        return NIAHTask(name, tokenizer, haystack_file=haystack_file, **legacy)
+    given = sorted(k for k, v in legacy.items() if v is not None)
+    if given:
+        raise ValueError(f"{', '.join(given)}: legacy-format options (--format legacy); "
+                         "RULER's tasks fix them")
+    from .ruler import RulerTask
+    return RulerTask(RULER_ALIASES.get(name, name), tokenizer, haystack_file=haystack_file)
