@@ -1,7 +1,8 @@
 """Benchmark (not a test): the Table-4 sweep grid on a randomly initialised model.
 
 Default: the paper's 340M shape (24 layers, hidden 1024, 6 heads x 128, vocab 32000), bf16 on
-CUDA, S-NIAH-1 with the byte tokenizer (ids < 259 fit the 32000 vocabulary; lengths are then in
+CUDA, S-NIAH-1 in the legacy task format (the one docs/BENCHMARKS.md measured) with the byte
+tokenizer (ids < 259 fit the 32000 vocabulary; lengths are then in
 bytes), strengths -1,0,0.5,1,1.5,2, lengths 1K..32K, 500 samples: 18,000 rows, about 194M prompt
 tokens. Target: <= 10 minutes on one H200.
 
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="qedprobe_bench_")
         out = os.path.join(tmp.name, "sweep")
     t0 = time.perf_counter()
-    result = run_sweep(model, "bytes", task=args.task, lengths=lengths, strengths=strengths,
+    result = run_sweep(model, "bytes", task=args.task, task_format="legacy",
+                       lengths=lengths, strengths=strengths,
                        samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
                        batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
                        model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",

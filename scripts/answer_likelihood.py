@@ -71,7 +71,7 @@ def main() -> int:
     labels = a.labels.split(",") if a.labels else [Path(m).name for m in a.models]
     if len(labels) != len(a.models) or len(set(labels)) != len(labels):
         raise SystemExit(f"--labels: need {len(a.models)} distinct names, got {labels}")
-    task = make_task("s-niah-1", load_tokenizer("bytes"))
+    task = make_task("s-niah-1", load_tokenizer("bytes"), format="legacy")  # the checkpoints' format
     arms = {}
     for path, name in zip(a.models, labels):
         model = QEDModel.from_pretrained(path).float().eval()

@@ -12,7 +12,8 @@
 # folder: EVAL/<name>/sweep and EVAL/<name>/eig), GPU_IDS (default: all visible), PER_GPU (processes
 # at once per GPU, default 3), SAMPLES (default 100), LENGTHS (default 1K,2K,4K,8K,16K),
 # STRENGTHS (the full arm's, default -1,0,0.5,1,1.5,2), ONLY (space list of checkpoint names),
-# DEVICE (instead of cuda:<gpu>, e.g. cpu for a dry run).
+# DEVICE (instead of cuda:<gpu>, e.g. cpu for a dry run), FORMAT (task format; default: the one each
+# checkpoint's config.json records as task_format, else ruler).
 # Each sweep resumes (rerun to finish); logs in EVAL/<name>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +30,15 @@ if [[ -n "${ONLY:-}" ]]; then read -r -a NAMES <<< "$ONLY"; else
 mkdir -p "$EVAL"
 
 evaluate() {  # evaluate NAME GPU
-    local name=$1 s=1 arm
+    local name=$1 s=1 arm fmt
     arm=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["arm"])' "$CKPT/$name/config.json")
+    fmt=${FORMAT:-$($PY -c 'import json, sys; print(json.load(open(sys.argv[1])).get("task_format") or "ruler")' \
+        "$CKPT/$name/config.json")}
     [[ $arm == full ]] && s=$STRENGTHS
-    $PY -m qedprobe.cli sweep --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 --lengths "$LENGTHS" \
-        --strengths="$s" --samples "$SAMPLES" --seed 0 --out "$EVAL/$name/sweep" --no-progress || return 1
+    $PY -m qedprobe.cli sweep --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 --format "$fmt" \
+        --lengths "$LENGTHS" --strengths="$s" --samples "$SAMPLES" --seed 0 --out "$EVAL/$name/sweep" --no-progress || return 1
     [[ $arm == gdn2 ]] || $PY -m qedprobe.cli eig --model "$CKPT/$name" --device "${DEVICE:-cuda:$2}" --task s-niah-1 \
-        --length 2K --samples 16 --seed 0 --out "$EVAL/$name/eig" --no-progress
+        --format "$fmt" --length 2K --samples 16 --seed 0 --out "$EVAL/$name/eig" --no-progress
 }
 
 slots=$((${#GPU_LIST[@]} * PER_GPU))

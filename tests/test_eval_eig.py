@@ -97,10 +97,10 @@ def test_eig_cli_task_and_text(tmp_path, capsys):
     model_dir = saved_tiny_model(tmp_path / "m", arm="full")
     out = tmp_path / "eig"
     assert commands.main(["eig", "--model", model_dir, "--device", "cpu", "--length", "400", "--samples", "2",
-                          "--batch-size", "2", "--out", str(out), "--no-progress", "--strength", "1.5"]) == 0
+                          "--batch-size", "2", "--out", str(out), "--no-progress", "--strength", "1.5", "--format", "legacy"]) == 0
     data = np.load(out / "eig.npz")
     summary = json.loads((out / "eig.json").read_text())
-    T = min(len(x) for x in next(task_batches("s-niah-1", length=400, samples=2, batch_size=2)).tolist())
+    T = min(len(x) for x in next(task_batches("s-niah-1", length=400, samples=2, batch_size=2, format="legacy")).tolist())
     assert (data["hist_e"].sum(-1) == 2 * T).all() and summary["tokens"] == 2 * T
     assert summary["meta"]["s"] == 1.5
     h = summary["layers"][0]["heads"][0]

@@ -17,7 +17,7 @@ def model():
 
 
 def test_answer_logprob_is_the_sum_of_token_logprobs(model):
-    sample = make_task("s-niah-1").sample(400, 0, samples=1)
+    sample = make_task("s-niah-1", format="legacy").sample(400, 0, samples=1)
     answer = list((" " + sample.answer).encode())
     ids = torch.tensor([list(sample.input_ids) + answer])
     logits = model(ids)[0]
@@ -28,7 +28,7 @@ def test_answer_logprob_is_the_sum_of_token_logprobs(model):
 
 
 def test_answer_logprob_sees_the_strength_block(model):
-    sample = make_task("s-niah-1").sample(400, 1, samples=2)
+    sample = make_task("s-niah-1", format="legacy").sample(400, 1, samples=2)
     base = answer_logprob(model, sample)
     with strength(model, 2.0):
         scaled = answer_logprob(model, sample)

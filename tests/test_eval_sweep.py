@@ -14,8 +14,9 @@ from helpers import saved_tiny_model, tiny_model
 from qedprobe.eval import commands
 from qedprobe.eval.sweep import ResultsStore, SweepError, load_results, run_sweep
 
-L = 400  # shortest usable s-niah-1 length with the byte tokenizer is 376
-GRID = ["--lengths", str(L), "--strengths=0,1", "--samples", "2", "--batch-size", "2", "--no-progress"]
+L = 400  # shortest usable legacy s-niah-1 length with the byte tokenizer is 376
+LEGACY = ["--format", "legacy"]  # the tiny model reads short prompts; RULER's need >= ~950 bytes
+GRID = ["--lengths", str(L), "--strengths=0,1", "--samples", "2", "--batch-size", "2", "--no-progress", *LEGACY]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_resume_after_interrupted_run_and_torn_line(tmp_path):
     model = tiny_model()
     out = tmp_path / "run"
     kw = dict(task="s-niah-1", lengths=[L], strengths=[0.0, 1.0], samples=2, batch_size=1,
-              out=out, progress=False)
+              out=out, progress=False, task_format="legacy")
     generate = model.generate
     calls = []
 
@@ -101,7 +102,7 @@ def test_resume_after_sigkill(model_dir, tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "qedprobe.eval.commands", "sweep", "--model", model_dir, "--device", "cpu",
            "--out", str(out), "--lengths", str(L), "--strengths=0,1", "--samples", "2", "--batch-size", "1",
-           "--no-progress"]
+           "--no-progress", *LEGACY]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     res = out / "results.jsonl"
     deadline = time.time() + 90
@@ -130,7 +131,7 @@ def test_resume_after_sigkill(model_dir, tmp_path):
 def test_cli_clear_errors_before_work(model_dir, tmp_path, capsys, args, msg):
     out = tmp_path / "bad"
     argv = ["sweep", "--model", model_dir, "--device", "cpu", "--out", str(out), "--samples", "2",
-            "--lengths", str(L), "--no-progress", *args]
+            "--lengths", str(L), "--no-progress", *LEGACY, *args]
     assert commands.main(argv) == 2
     assert msg in capsys.readouterr().err
     assert not (out / "results.jsonl").exists()
@@ -140,26 +141,27 @@ def test_cli_errors_model_and_out(model_dir, tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
     assert commands.main(["sweep", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
-                          "--no-progress"]) == 2
+                          "--no-progress", *LEGACY]) == 2
     assert "not a folder" in capsys.readouterr().err
     assert commands.main(["sweep", "--model", model_dir, "--out", str(f), "--lengths", str(L),
-                          "--no-progress"]) == 2
+                          "--no-progress", *LEGACY]) == 2
     assert "not a folder" in capsys.readouterr().err
     bad_model = tmp_path / "badmodel"
     bad_model.mkdir()
     (bad_model / "config.json").write_text("{not json")
     assert commands.main(["sweep", "--model", str(bad_model), "--out", str(tmp_path / "o2"),
-                          "--lengths", str(L), "--no-progress"]) == 2
+                          "--lengths", str(L), "--no-progress", *LEGACY]) == 2
     assert "badmodel" in capsys.readouterr().err
 
 
 def test_gdn2_model_refuses_strengths_other_than_one(tmp_path, capsys):
     gdn2 = saved_tiny_model(tmp_path / "g", arm="gdn2")
     assert commands.main(["sweep", "--model", gdn2, "--out", str(tmp_path / "o"), "--lengths", str(L),
-                          "--strengths=0,1", "--no-progress"]) == 2
+                          "--strengths=0,1", "--no-progress", *LEGACY]) == 2
     assert "gdn2" in capsys.readouterr().err and not (tmp_path / "o" / "results.jsonl").exists()
     with pytest.raises(SweepError, match="gdn2"):
-        run_sweep(tiny_model("gdn2"), lengths=[L], strengths=[0.5], samples=1, out=tmp_path / "p", progress=False)
+        run_sweep(tiny_model("gdn2"), lengths=[L], strengths=[0.5], samples=1, out=tmp_path / "p", progress=False,
+                  task_format="legacy")
 
 
 def test_out_folder_with_other_config_and_lock(tmp_path):
@@ -209,12 +211,15 @@ def test_report_two_arms_paired(tmp_path, capsys):
 def test_summary_table_prints_every_cell_with_paired_columns():
     from qedprobe.eval.commands import summary_table
 
-    rows = [dict(length=512, s=1.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, b=0, c=0, mcnemar_p=1.0),
-            dict(length=512, s=2.0, n=20, accuracy=0.75, ci_low=0.53, ci_high=0.89, b=6, c=1, mcnemar_p=0.125),
-            dict(length=512, s=0.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, b=None, c=None, mcnemar_p=None)]
+    rows = [dict(length=512, s=1.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, score_pct=50.0, b=0, c=0,
+                 mcnemar_p=1.0),
+            dict(length=512, s=2.0, n=20, accuracy=0.75, ci_low=0.53, ci_high=0.89, score_pct=81.25, b=6, c=1,
+                 mcnemar_p=0.125),
+            dict(length=512, s=0.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, score_pct=50.0, b=None, c=None,
+                 mcnemar_p=None)]
     lines = summary_table(rows).splitlines()
     assert len(lines) == 5
-    assert lines[3] == "| 512 | 2 | 20 | 0.750 | 0.530-0.890 | 6 | 1 | 0.125 |"
+    assert lines[3] == "| 512 | 2 | 20 | 0.750 | 0.530-0.890 | 81.25 | 6 | 1 | 0.125 |"
     assert lines[4].endswith("| None | None | - |")
 
 

@@ -1,9 +1,11 @@
-"""NIAH generators: determinism, one needle at the requested depth, token budget, pairing."""
+"""The legacy NIAH format: determinism, one needle at the requested depth, token budget, pairing
+(RULER's format: tests/test_eval_ruler.py)."""
 import re
 
 import pytest
 
-from qedprobe.eval.tasks import NOISE_TEXT, TASKS, NIAHTask, make_task, score
+from qedprobe.eval import tasks
+from qedprobe.eval.tasks import NOISE_TEXT, TASKS, NIAHTask, score
 from qedprobe.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 NEEDLE_RE = re.compile(r"One of the special magic (numbers|uuids) for ([a-z]+-[a-z]+) is: ([0-9a-f-]+)\.")
@@ -28,6 +30,10 @@ def hf_tok(tmp_path_factory):
     tok.train([str(path)], tr)
     tok.save(str(folder / "tokenizer.json"))
     return load_tokenizer(str(folder))
+
+
+def make_task(name, tokenizer="bytes", **kwargs):
+    return tasks.make_task(name, tokenizer, format="legacy", **kwargs)
 
 
 def _haystack(sample):

@@ -116,7 +116,7 @@ def test_training_documents_are_disjoint_from_evaluation_samples():
     evals = []
     for seed in (0, 1):
         for name, kw in (("s-niah-1", {}), ("s-niah-2", {}), ("mk-niah", {"num_needles": 2})):
-            evals += make_task(name, **kw).samples(512, 40, seed=seed)
+            evals += make_task(name, format="legacy", **kw).samples(512, 40, seed=seed)
     eval_prompts = {s.prompt for s in evals}
     eval_pairs = {(s.key, s.answer) for s in evals}
     data = TrainData(512, "short", seed=0)
@@ -194,7 +194,8 @@ def test_missing_backward_falls_back_with_a_warning_or_stops(tmp_path, monkeypat
     assert result.op_mode == "torch"
     assert "WARNING: no backward (test)" in (tmp_path / "a" / "train.log").read_text()
     for folder in ("final", "latest"):
-        assert json.loads((tmp_path / "a" / folder / "config.json").read_text())["op_mode"] == "chunk"
+        written = json.loads((tmp_path / "a" / folder / "config.json").read_text())
+        assert written["op_mode"] == "chunk" and written["task_format"] == "legacy"
     cfg.op_fallback = False
     with pytest.raises(RuntimeError, match=r"cannot train on cpu: no backward \(test\)\. Allow"):
         train(cfg, tmp_path / "b")
@@ -274,6 +275,7 @@ def test_committed_checkpoints_load(folder):
     model = QEDModel.from_pretrained(path)
     assert model.embeddings.weight.dtype == torch.bfloat16
     assert (path / "MODEL_CARD.md").is_file() and (path / "model.safetensors").stat().st_size < 16e6
+    assert model.cfg.task_format == "legacy" and "--format legacy" in (path / "MODEL_CARD.md").read_text()
     with torch.no_grad():
         logits = model.float()(torch.tensor([[256] + list(b"The grass is green.")]))
     assert torch.isfinite(logits).all()
@@ -285,8 +287,8 @@ def test_gpu_recall_checkpoints_retrieve_on_cpu(folder, tmp_path):
     three prompts, float32 on CPU through the PyTorch chunk path (100 % of 100 on the H200)."""
     from qedprobe.eval import run_sweep
     model = QEDModel.from_pretrained(ROOT / "checkpoints" / folder).float()
-    summary = run_sweep(model, "bytes", task="s-niah-1", lengths=[1024], strengths=[1.0], samples=3,
-                        seed=0, out=tmp_path / "sweep", progress=False).summary
+    summary = run_sweep(model, "bytes", task="s-niah-1", task_format="legacy", lengths=[1024], strengths=[1.0],
+                        samples=3, seed=0, out=tmp_path / "sweep", progress=False).summary
     rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
     assert len(rows) == 3 and all(r["correct"] for r in rows), [r["prediction"] for r in rows]
     assert len(summary) == 1

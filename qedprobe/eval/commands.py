@@ -20,6 +20,7 @@ from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.kernels.qed import ARMS
 
 from .sweep import SweepError, parse_float_list, parse_int_list
+from .tasks import DEFAULT_FORMAT, FORMATS
 
 __all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table", "main"]
 
@@ -49,6 +50,9 @@ def _common_model_args(p):
                    help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--layers", default=None, help="comma list of layers whose lambda s scales (default all)")
     p.add_argument("--heads", default=None, help="comma list of heads whose lambda s scales (default all)")
+    p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
+                   help="task format: ruler (NVIDIA RULER's NIAH prompts, budget and score; default) or "
+                        "legacy (the format the shipped checkpoints were trained on)")
 
 
 def register(subparsers) -> None:
@@ -57,7 +61,10 @@ def register(subparsers) -> None:
                               description="Run a strength sweep: every (length, s, sample) once, "
                                           "appended to OUT/results.jsonl; rerun to resume.")
     _common_model_args(p)
-    p.add_argument("--task", default="s-niah-1", help="s-niah-1, s-niah-2, s-niah-3 or mk-niah")
+    p.add_argument("--task", default="s-niah-1",
+                   help="ruler: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery "
+                        "(s-niah-1/2/3 and mk-niah name niah_single_1/2/3 and niah_multikey_1); "
+                        "legacy: s-niah-1, s-niah-2, s-niah-3 or mk-niah")
     p.add_argument("--lengths", default="1024,2048,4096", help="comma list of token lengths (2K = 2048)")
     p.add_argument("--strengths", default="-1,0,0.5,1,1.5,2", help="comma list of s (lambda -> s * lambda)")
     p.add_argument("--samples", type=int, default=500, help="prompts per length and strength")
@@ -69,12 +76,16 @@ def register(subparsers) -> None:
     p.add_argument("--phase", default="all", choices=("all", "prefill", "decode"),
                    help="where s scales lambda: every token, the prompt only, or the generated tokens only")
     p.add_argument("--ref-strength", type=float, default=1.0, help="McNemar reference strength")
-    p.add_argument("--haystack-file", default=None, help="prose haystack for s-niah-2/3 (default: shipped text)")
-    p.add_argument("--num-needles", type=int, default=None, help="needles in mk-niah (default 4)")
+    p.add_argument("--haystack-file", default=None,
+                   help="essay/prose haystack: ruler's essay tasks take RULER's PaulGrahamEssays.json, a "
+                        ".txt file or a folder of them; legacy s-niah-2/3, mk-niah a text file "
+                        "(default: the shipped prose, a stand-in for the essays)")
+    p.add_argument("--num-needles", type=int, default=None, help="legacy: needles in mk-niah (default 4)")
     p.add_argument("--haystack", default=None, choices=("noise", "prose"),
-                   help="haystack of mk-niah (default prose; the other tasks have a fixed one)")
+                   help="legacy: haystack of mk-niah (default prose; the other tasks have a fixed one)")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="tokens generated per prompt, >= 1 (default: 16 for numbers, 48 for UUIDs)")
+                   help="legacy only: tokens generated per prompt, >= 1 (default: 16 for numbers, 48 for "
+                        "UUIDs; ruler: 128)")
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
     p.add_argument("--eager-decode", action="store_true",
                    help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
@@ -198,7 +209,7 @@ def run_sweep_cmd(args) -> int:
     from qedprobe.model.checkpoint import state_dict_sha256
 
     from .sweep import check_model, open_store, run_sweep, sweep_config, validate_grid
-    from .tasks import NIAHTask
+    from .tasks import make_task
     try:
         lengths = parse_int_list(args.lengths, "--lengths")
         strengths = parse_float_list(args.strengths, "--strengths")
@@ -206,9 +217,10 @@ def run_sweep_cmd(args) -> int:
         if args.batch_size is not None and args.batch_size < 1:
             raise SweepError("--batch-size must be >= 1")
         try:
-            nt = NIAHTask(args.task, _tokenizer_spec(args), haystack_file=args.haystack_file,
-                          num_needles=args.num_needles, max_new_tokens=args.max_new_tokens,
-                          haystack=args.haystack)
+            nt = make_task(args.task, _tokenizer_spec(args), format=args.format,
+                           haystack_file=args.haystack_file,
+                           num_needles=args.num_needles, max_new_tokens=args.max_new_tokens,
+                           haystack=args.haystack)
         except (TokenizerError, OSError, ValueError) as exc:
             raise SweepError(str(exc)) from None
         validate_grid(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation)
@@ -216,6 +228,9 @@ def run_sweep_cmd(args) -> int:
             raise SweepError(f"--ref-strength {args.ref_strength:g} is not among --strengths {args.strengths}: "
                              "the paired tests need its rows (list it; rows already in --out are not recomputed)")
         cfg = _model_config(args.model, args)
+        if getattr(cfg, "task_format", None) not in (None, args.format):
+            print(f"qedprobe sweep: note: the model was trained on the {cfg.task_format} format, "
+                  f"this sweep uses --format {args.format}", file=sys.stderr)
         try:
             check_model(nt, cfg, strengths, layers, heads)
         except SweepError as exc:
@@ -256,12 +271,14 @@ def run_sweep_cmd(args) -> int:
 
 
 def summary_table(summary) -> str:
-    """The summary rows as a markdown table: accuracy, Wilson 95% interval, McNemar vs the reference s."""
-    lines = ["| length | s | n | accuracy | 95% CI | b | c | McNemar p |", "|---|---|---|---|---|---|---|---|"]
+    """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent),
+    McNemar vs the reference s."""
+    lines = ["| length | s | n | accuracy | 95% CI | RULER score % | b | c | McNemar p |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in summary:
         p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
         lines.append(f"| {r['length']} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
-                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['b']} | {r['c']} | {p} |")
+                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['score_pct']:.2f} | {r['b']} | {r['c']} | {p} |")
     return "\n".join(lines)
 
 
@@ -282,7 +299,7 @@ def run_eig_cmd(args) -> int:
     from qedprobe.tokenizer import TokenizerError, load_tokenizer
 
     from .eig import run_eig, task_batches, text_batches
-    from .tasks import NIAHTask
+    from .tasks import make_task
     try:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
@@ -295,7 +312,7 @@ def run_eig_cmd(args) -> int:
                 batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
                                        batch_size=args.batch_size)
             else:
-                nt = NIAHTask(args.task or "s-niah-1", tok)
+                nt = make_task(args.task or "s-niah-1", tok, format=args.format)
                 if args.length < nt.min_length():
                     raise SweepError(f"--length {args.length} is too short for {nt.name} "
                                      f"(need >= {nt.min_length()})")
@@ -320,7 +337,7 @@ def run_eig_cmd(args) -> int:
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
                       total=total)
-        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task,
+        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
                          "text": args.text, "length": args.length, "samples": args.samples})
         paths = acc.save(out)
     except SweepError as exc:

@@ -302,8 +302,8 @@ class EigAccumulator:
 def task_batches(task, tokenizer="bytes", *, length, samples, seed=0, batch_size=1, **task_kwargs):
     """Yield ``LongTensor [B, T]`` batches of a NIAH task's prompts (right-padded with... nothing:
     prompts of a batch are cut to the shortest one so that no padding enters the statistics)."""
-    from .tasks import NIAHTask
-    nt = task if hasattr(task, "sample") else NIAHTask(task, tokenizer, **task_kwargs)
+    from .tasks import make_task
+    nt = task if hasattr(task, "sample") else make_task(task, tokenizer, **task_kwargs)
     for start in range(0, samples, batch_size):
         ss = [nt.sample(length, i, samples=samples, seed=seed)
               for i in range(start, min(samples, start + batch_size))]

@@ -7,7 +7,7 @@
 Tables (Table 3 / Table 4 style):
 
 1. accuracy (%) per length (rows) and sweep (columns) at strength ``s``, with the Wilson 95%
-   interval and ``n``;
+   interval and ``n``, then RULER's score (``string_match_all``, percent) in the same layout;
 2. paired tests of every sweep against the baseline (the first, or ``baseline=``) on the samples
    both have, matched on ``(length, sample_id)`` *and* the prompt fingerprint ``prompt_sha`` (so
    only identical prompts pair): ``b`` = right in the sweep, wrong in the baseline; ``c`` the
@@ -133,6 +133,11 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
             r = sw["summary"].get(L)
             cells.append("-" if r is None else
                          f"{100 * r['accuracy']:.1f} [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}]; {r['n']}")
+        lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
+    lines += ["", "RULER score % (`string_match_all`: the mean share of the answers found, as RULER "
+              "reports) at the same strengths.", "", head, "|---|" + "---|" * len(sweeps)]
+    for L in lengths:
+        cells = ["-" if sw["summary"].get(L) is None else f"{sw['summary'][L]['score_pct']:.2f}" for sw in sweeps]
         lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
     lines.append("")
     tests, warned = {}, []

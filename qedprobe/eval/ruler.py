@@ -65,9 +65,21 @@ from qedprobe.tokenizer import load_tokenizer
 
 from .tasks import Sample, answer_tokens, default_prose_path
 
-__all__ = ["RULER_COMMIT", "RULER_TASKS", "RulerTaskSpec", "RulerTask", "TEMPLATE", "ANSWER_PREFIX",
-           "NEEDLE", "NOISE", "DEPTHS", "TOKENS_TO_GENERATE", "KeyWords", "split_sentences",
-           "read_essay"]
+__all__ = [
+    "ANSWER_PREFIX",
+    "DEPTHS",
+    "NEEDLE",
+    "NOISE",
+    "RULER_COMMIT",
+    "RULER_TASKS",
+    "TEMPLATE",
+    "TOKENS_TO_GENERATE",
+    "KeyWords",
+    "RulerTask",
+    "RulerTaskSpec",
+    "read_essay",
+    "split_sentences",
+]
 
 RULER_COMMIT = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
 """The NVIDIA/RULER commit this module reproduces."""

@@ -27,9 +27,11 @@ Files in ``out``:
   writes ``results.jsonl``). Readers take the union of all shards, so a folder resumes with any
   number of ranks; a killed rank loses only the rows it had not appended.
 * ``summary.csv`` / ``summary.json`` (rewritten at the end of every completed run, from all
-  shards, by rank 0): accuracy and Wilson 95% interval per length x s, and the
-  exact McNemar test of each s against the reference strength (default 1) on the samples both
-  have: ``b`` = right at s and wrong at the reference, ``c`` = the reverse, two-sided ``p``.
+  shards, by rank 0): accuracy (every answer found) and Wilson 95% interval per length x s,
+  RULER's score ``score_pct`` (``string_match_all``: the mean share of answers found, in
+  percent), the task ``format``, and the exact McNemar test of each s against the reference
+  strength (default 1) on the samples both have: ``b`` = right at s and wrong at the reference,
+  ``c`` = the reverse, two-sided ``p``.
 * ``acc_vs_length.png``, ``acc_vs_strength.png``.
 """
 from __future__ import annotations
@@ -53,15 +55,16 @@ from qedprobe.model.checkpoint import state_dict_sha256
 
 from .plots import accuracy_errorbar, figure, save_accuracy_figure
 from .stats import mcnemar_exact, wilson_interval
-from .tasks import ANSWER_MARGIN, NIAHTask, score
+from .ruler import RulerTask
+from .tasks import ANSWER_MARGIN, DEFAULT_FORMAT, NIAHTask, answer_fraction, make_task
 
 __all__ = ["run_sweep", "SweepResult", "sweep_config", "open_store", "plan_batches", "SweepBatch", "run_batch",
            "rows_from_outputs", "summarise", "ResultsStore", "load_results", "shard_path", "shard_paths",
            "summarize", "write_summary", "plot_summary", "validate_grid", "check_model", "model_fingerprint",
            "SweepError", "SUMMARY_FIELDS", "parse_int_list", "parse_float_list"]
 
-SUMMARY_FIELDS = ["task", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high", "ref_s",
-                  "n_paired", "b", "c", "mcnemar_p"]
+SUMMARY_FIELDS = ["task", "format", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high",
+                  "score_pct", "ref_s", "n_paired", "b", "c", "mcnemar_p"]
 """``b``: right at s, wrong at ref_s; ``c``: wrong at s, right at ref_s (paired on sample ids)."""
 
 
@@ -294,18 +297,23 @@ def load_results(out) -> list[dict]:
 def summarize(rows, ref_s=1.0) -> list[dict]:
     """Accuracy, Wilson 95% interval and the exact McNemar test against ``ref_s`` per length x s."""
     by = defaultdict(dict)  # (length, s) -> {sample_id: correct}
-    task = {}
+    share = defaultdict(dict)  # (length, s) -> {sample_id: share of the answers found}
+    task, fmt = {}, {}
     for r in rows:
-        by[(int(r["length"]), _skey(r["s"]))][int(r["sample_id"])] = bool(r["correct"])
+        cell = (int(r["length"]), _skey(r["s"]))
+        by[cell][int(r["sample_id"])] = bool(r["correct"])
+        share[cell][int(r["sample_id"])] = float(r.get("score", r["correct"]))
         task[int(r["length"])] = r.get("task", "")
+        fmt[int(r["length"])] = r.get("format", "legacy")
     ref = None if ref_s is None else _skey(ref_s)
     out = []
     for (length, s) in sorted(by):
         res = by[(length, s)]
         n, k = len(res), sum(res.values())
         lo, hi = wilson_interval(k, n)
-        row = {"task": task[length], "length": length, "s": s, "n": n, "correct": k,
+        row = {"task": task[length], "format": fmt[length], "length": length, "s": s, "n": n, "correct": k,
                "accuracy": k / n if n else math.nan, "ci_low": lo, "ci_high": hi,
+               "score_pct": round(100 * sum(share[(length, s)].values()) / n, 2) if n else math.nan,
                "ref_s": ref, "n_paired": None, "b": None, "c": None, "mcnemar_p": None}
         base = by.get((length, ref)) if ref is not None else None
         if base is not None:
@@ -357,9 +365,10 @@ def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------------- runner
-FINGERPRINT_EXCLUDES = ("op_mode", "decay_a_range", "decay_dt_range")
+FINGERPRINT_EXCLUDES = ("op_mode", "decay_a_range", "decay_dt_range", "task_format")
 """Config keys that do not change what a built model computes (the op used; the initialisation
-ranges): left out of a sweep's model fingerprint, so folders stay resumable across them."""
+ranges; the recorded training format): left out of a sweep's model fingerprint, so folders stay
+resumable across them."""
 
 
 def model_fingerprint(cfg) -> dict:
@@ -380,7 +389,7 @@ def _model_dtype(model):
         return None
 
 
-def sweep_config(nt: NIAHTask, *, samples, seed, lengths, strengths, layers, heads, phase, ref_strength,
+def sweep_config(nt: NIAHTask | RulerTask, *, samples, seed, lengths, strengths, layers, heads, phase, ref_strength,
                  model_id, model_cfg, dtype, weights, decode="budget") -> dict:
     """What defines a sweep folder (``config.json``): the samples, the intervention, the model
     (id, :func:`model_fingerprint`, weights dtype name, ``weights``: the loaded state dict's
@@ -483,23 +492,26 @@ def generate_at(model, prompts, n_new: int, s: float, iv: Intervention, eos_id, 
         return model.generate(prompts, n_new, eos_token_id=eos_id, do_sample=False, cuda_graph=cuda_graph)
 
 
-def rows_from_outputs(nt: NIAHTask, length: int, s: float, samples: dict, outputs, seed: int) -> list[dict]:
+def rows_from_outputs(nt: NIAHTask | RulerTask, length: int, s: float, samples: dict, outputs, seed: int) -> list[dict]:
     """One result row per ``(sample_id -> Sample)`` of ``samples`` and its generated ids
-    (``outputs`` in the same order): the prediction is cut at the first EOS and scored."""
+    (``outputs`` in the same order): the prediction is cut at the first EOS and scored: ``score``
+    is the share of the sample's answers found (RULER's ``string_match_all``), ``correct`` is all
+    of them."""
     tok, rows = nt.tokenizer, []
     for (i, sm), raw in zip(samples.items(), outputs):
         toks = list(raw)
         if tok.eos_id is not None and tok.eos_id in toks:
             toks = toks[:toks.index(tok.eos_id)]
         pred = tok.decode(toks)
-        rows.append({"task": nt.name, "length": length, "s": s, "sample_id": i,
-                     "correct": score(pred, sm.answer), "prediction": pred, "answer": sm.answer,
-                     "key": sm.key, "depth": sm.depth, "prompt_tokens": len(sm.input_ids),
+        found = answer_fraction(pred, sm.answers)
+        rows.append({"task": nt.name, "format": nt.format, "length": length, "s": s, "sample_id": i,
+                     "correct": found == 1.0, "score": found, "prediction": pred, "answer": sm.answer,
+                     "answers": sm.answers, "key": sm.key, "depth": sm.depth, "prompt_tokens": len(sm.input_ids),
                      "new_tokens": len(toks), "prompt_sha": sm.sha, "seed": int(seed)})
     return rows
 
 
-def run_batch(model, nt: NIAHTask, batch: SweepBatch, *, samples, seed, iv: Intervention, decode, timings,
+def run_batch(model, nt: NIAHTask | RulerTask, batch: SweepBatch, *, samples, seed, iv: Intervention, decode, timings,
               cuda_graph=True):
     """Yield the rows of each strength of ``batch`` (one generate call each); the prompts are
     built and packed once per set of ids and shared by the strengths."""
@@ -560,7 +572,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
               out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
               ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
               max_new_tokens=None, haystack=None, model_id=None, progress=True,
-              decode="budget", cuda_graph=True) -> SweepResult:
+              decode="budget", cuda_graph=True, task_format=DEFAULT_FORMAT) -> SweepResult:
     """Run (or resume) a strength sweep into ``out``; returns a :class:`SweepResult`.
 
     ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
@@ -568,6 +580,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     ``tokenizer``: ``"bytes"``, a local HF folder or a tokenizer object.
     ``out``: a folder, or a :class:`ResultsStore` the caller opened (and closes) with a
     :func:`sweep_config` that holds the weights hash.
+    ``task``: a task name or a task object (``qedprobe.eval.tasks.make_task``); a name is built in
+    ``task_format`` (``"ruler"``, the default, or ``"legacy"``, the shipped checkpoints' format).
     ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
     ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
     ``decode``: ``"budget"`` decodes the task's ``max_new_tokens`` per prompt (the tokens the prompt
@@ -586,10 +600,9 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     """
     t_start = time.perf_counter()
     model, model_id = _resolve_model(model, model_id)
-    nt = task if isinstance(task, NIAHTask) else NIAHTask(task, tokenizer, haystack_file=haystack_file,
-                                                          num_needles=num_needles,
-                                                          max_new_tokens=max_new_tokens,
-                                                          haystack=haystack)
+    nt = task if hasattr(task, "sample") else make_task(task, tokenizer, format=task_format,
+                                                        haystack_file=haystack_file, num_needles=num_needles,
+                                                        max_new_tokens=max_new_tokens, haystack=haystack)
     lengths = [int(x) for x in lengths]
     strengths = [float(s) for s in strengths]
     validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation)

@@ -41,7 +41,9 @@ class QEDConfig(TLAliases):
     ``decay_dt_range`` set the initial log-decay ``g = -A softplus(f_proj(x) + dt_bias)``:
     ``A ~ U(decay_a_range)`` per head and ``softplus(dt_bias)`` log-uniform in ``decay_dt_range``
     per key channel (fla's defaults ``(1, 16)`` and ``(1e-3, 1e-1)``: initial half-lives of
-    about 0.4 to 700 tokens).
+    about 0.4 to 700 tokens). ``task_format`` records the NIAH prompt format the model was trained
+    on (``qedprobe.eval.tasks.FORMATS``; ``qedprobe train`` writes it, None = not recorded): a
+    record for evaluation, it changes nothing the model computes.
     """
 
     vocab_size: int = 32000
@@ -63,6 +65,7 @@ class QEDConfig(TLAliases):
     op_mode: str = "auto"
     decay_a_range: tuple = (1.0, 16.0)
     decay_dt_range: tuple = (1e-3, 1e-1)
+    task_format: str | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "head_dim",
@@ -82,6 +85,11 @@ class QEDConfig(TLAliases):
         if not math.isclose(self.head_dim * self.expand_v, round(self.head_dim * self.expand_v)):
             raise ValueError(f"QEDConfig: `head_dim * expand_v` must be an integer, got "
                              f"{self.head_dim} * {self.expand_v}")
+        if self.task_format is not None:
+            from qedprobe.eval.tasks import FORMATS
+            if self.task_format not in FORMATS:
+                raise ValueError(f"QEDConfig: `task_format` must be None or one of {FORMATS}, "
+                                 f"got {self.task_format!r}")
         if self.intermediate_size is None:
             size = int(self.hidden_size * self.hidden_ratio * 2 / 3)
             self.intermediate_size = 256 * ((size + 255) // 256)

@@ -4,8 +4,10 @@ A *document* is an evaluation-style prompt followed by its answer::
 
     [BOS] {intro}\n{haystack with needle(s)}\n{question} {answer prefix} {value}.[EOS]
 
-built by :class:`qedprobe.eval.tasks.NIAHTask` (the same generator the evaluation uses, so the
-format the model learns is the format it is tested on) and the tokenizer of
+built by :class:`qedprobe.eval.tasks.NIAHTask` in the ``legacy`` task format
+(:data:`TASK_FORMAT`; the same generator ``--format legacy`` evaluates, so the format the model
+learns is the format it is tested on; RULER's format draws its samples as one stream per length,
+not by index, so it cannot feed random rows) and the tokenizer of
 :mod:`qedprobe.tokenizer` (bytes by default: ids 0-255, BOS 256, EOS 257, PAD 258).
 
 A *row* holds ``seq_len + 1`` tokens: whole documents, back to back, then PAD. Documents are
@@ -37,6 +39,9 @@ import torch
 
 from qedprobe.eval.tasks import make_task
 from qedprobe.tokenizer import load_tokenizer
+
+TASK_FORMAT = "legacy"
+"""The task format of the training documents (recorded in the model's ``config.json``)."""
 
 SAMPLE_SPACE = 10**9
 """Sample indices are drawn from ``range(SAMPLE_SPACE)``; the needle depth is ``i / (SAMPLE_SPACE - 1)``."""
@@ -104,7 +109,7 @@ class TrainData:
         self._tasks = {}  # (component index, needles) -> (NIAHTask, min_length)
         for c, comp in enumerate(self.components):
             for n in range(comp.needles[0], comp.needles[1] + 1):
-                task = make_task(comp.task, self.tokenizer, haystack=comp.haystack,
+                task = make_task(comp.task, self.tokenizer, format=TASK_FORMAT, haystack=comp.haystack,
                                  num_needles=n if comp.task == "mk-niah" else None)
                 need = task.min_length()
                 if need > seq_len + 1:
@@ -114,7 +119,7 @@ class TrainData:
 
     def describe(self) -> dict:
         """The data recipe (for model cards and resume checks)."""
-        return {"mixture": self.mixture, "components": [asdict(c) for c in self.components],
+        return {"task_format": TASK_FORMAT, "mixture": self.mixture, "components": [asdict(c) for c in self.components],
                 "seq_len": self.seq_len, "seed": self.seed, "niah_seed": niah_seed(self.seed),
                 "tokenizer": self.tokenizer.name, "packing": "whole documents per row, PAD after"}
 

@@ -47,7 +47,7 @@ from qedprobe.model import QEDConfig, QEDModel
 
 from .card import export
 from .config import TrainConfig
-from .data import TrainData
+from .data import TASK_FORMAT, TrainData
 from .opcheck import backward_problem
 from .runlog import LOG_NAME, note, read_log, truncate_log
 from .schedule import WSD, wsd_scheduler
@@ -80,9 +80,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
-    """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built)."""
+    """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built); its
+    config records the training documents' task format."""
     torch.manual_seed(cfg.seed)
-    return QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, **cfg.model))
+    return QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, task_format=TASK_FORMAT, **cfg.model))
 
 
 def make_optimizer(cfg: TrainConfig, model: QEDModel) -> torch.optim.AdamW:

@@ -1,0 +1,184 @@
+"""The ``ruler`` task format against NVIDIA RULER's own generator.
+
+``fixtures/ruler_niah.json`` holds samples that RULER's unmodified ``niah.py`` wrote for the
+byte tokenizer and the shipped prose (how: ``fixtures/make_ruler_fixtures.py``, its docstring):
+our prompt, answers, counted length and scores must equal them.
+"""
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qedprobe.eval import ruler
+from qedprobe.eval.ruler import DEPTHS, KeyWords, RulerTask, read_essay, split_sentences
+from qedprobe.eval.tasks import (
+    answer_fraction,
+    default_prose_path,
+    make_task,
+    score,
+    string_match_all,
+    string_match_part,
+    task_names,
+)
+from qedprobe.tokenizer import ByteTokenizer
+
+FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "ruler_niah.json").read_text())
+CASES = FIXTURES["cases"]
+
+
+def _case_id(case):
+    return f"{case['task']}-{case['max_seq_length']}-seed{case['random_seed']}"
+
+
+def test_fixtures_cover_every_ruler_niah_task_and_commit():
+    assert {c["task"] for c in CASES} == set(ruler.RULER_TASKS)
+    assert FIXTURES["ruler_commit"] == ruler.RULER_COMMIT
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_prompt_answers_budget_equal_ruler(case):
+    task = make_task(case["task"])          # the default format is ruler
+    n = len(case["samples"])
+    for i in reversed(range(n)):            # any order: the stream is replayed
+        want = case["samples"][i]
+        s = task.sample(case["max_seq_length"], i, samples=n, seed=case["random_seed"])
+        assert s.prompt == want["input"] + want["answer_prefix"]
+        assert s.prompt.rfind(" The speci") == len(want["input"])  # RULER's cut before the model call
+        assert s.answers == want["outputs"] and s.answer == want["outputs"][0]
+        assert s.counted_tokens == want["length"] <= case["max_seq_length"]
+        assert s.input_ids == [ByteTokenizer.BOS] + ByteTokenizer().encode(s.prompt)   # BOS not counted
+        assert s.max_new_tokens == 128 and s.length == case["max_seq_length"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_scores_equal_ruler(case):
+    for want in case["samples"]:
+        refs = [want["outputs"]] * len(want["predictions"])
+        assert string_match_all(want["predictions"], refs) == want["string_match_all"]
+        assert string_match_part(want["predictions"], refs) == want["string_match_part"]
+
+
+def test_answer_fraction_and_score():
+    answers = ["1234567", "7654321", "ABC-def", "1111111"]
+    assert answer_fraction(" 7654321, abc-DEF and 1234567", answers) == 0.75
+    assert not score(" 7654321, abc-DEF and 1234567", answers) and score("x 1234567.", "1234567")
+    assert string_match_all([" 1234567", "none"], [answers, answers]) == 12.5
+    assert string_match_part([" 1234567", "none"], [answers, answers]) == 50.0
+    with pytest.raises(ValueError, match="no answers"):
+        answer_fraction("x", [])
+
+
+def test_depths_are_rulers_forty():
+    assert list(DEPTHS) == [int(x) for x in np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int)]
+
+
+def test_key_words_index_like_the_sorted_set():
+    """Hyphenated and space-holding words make adjective blocks interleave in RULER's sorted list."""
+    adjs = ["high", "high-pitched", "high pitched", "hig", "old", "old-fashioned", "x-rated", "x", "old"]
+    nouns = ["pitched-roof", "roof", "arm-rest", "arm", "rest", "A", "ñu", "roof"]
+    words = sorted({f"{a}-{n}" for a in adjs for n in nouns})
+    kw = KeyWords(adjs, nouns)
+    assert len(kw) == len(words) and [kw[i] for i in range(len(kw))] == words
+    with pytest.raises(IndexError):
+        kw[len(kw)]
+
+
+def test_key_words_on_wonderwords_lists():
+    from wonderwords import random_word
+    nouns = random_word._get_words_from_text_file("nounlist.txt")
+    adjs = random_word._get_words_from_text_file("adjectivelist.txt")
+    roots = {a.split("-")[0] for a in adjs if "-" in a}
+    pick = sorted({a for a in adjs if "-" in a or a in roots} | set(random.Random(0).sample(adjs, 40)))
+    words = sorted({f"{a}-{n}" for a in pick for n in nouns})
+    kw = KeyWords(pick, nouns)
+    idx = random.Random(1).sample(range(len(words)), 3000) + [0, len(words) - 1]
+    assert len(kw) == len(words) and all(kw[i] == words[i] for i in idx)
+
+
+def test_sentence_splitter():
+    prose = " ".join(default_prose_path().read_text().split())
+    assert split_sentences(prose) == re.split(r"(?<=[.!?])\s+", prose)  # punkt's result on this prose
+    text = 'Mr. Smith met Dr. J. Doe at 5 p.m. today.  "Really?" she asked. Yes!  It  was, e.g. fine'
+    assert split_sentences(text) == ['Mr. Smith met Dr. J. Doe at 5 p.m. today.', '"Really?"',
+                                     "she asked.", "Yes!", "It  was, e.g. fine"]
+    assert split_sentences("  ") == []
+
+
+def test_essay_haystack_from_json_folder_or_text(tmp_path):
+    text = "Alpha beta gamma. Delta epsilon zeta! Eta theta iota? Kappa lambda mu.\n"
+    (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": text * 3}))
+    (tmp_path / "essays").mkdir()
+    (tmp_path / "essays" / "b.txt").write_text("Second. ")
+    (tmp_path / "essays" / "a.txt").write_text("First. ")
+    (tmp_path / "plain.txt").write_text(text)
+    assert read_essay(tmp_path / "PaulGrahamEssays.json") == text * 3
+    assert read_essay(tmp_path / "essays") == "First. Second. "
+    assert read_essay(tmp_path / "plain.txt") == text and read_essay() == default_prose_path().read_text()
+    s = make_task("niah_single_2", haystack_file=tmp_path / "PaulGrahamEssays.json").sample(4096, 0, samples=1)
+    assert "Delta epsilon zeta!" in s.prompt and "old mill" not in s.prompt
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(ValueError, match="PaulGrahamEssays.json"):
+        read_essay(tmp_path / "bad.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .txt files"):
+        read_essay(tmp_path / "empty")
+
+
+def test_task_names_formats_and_options():
+    assert task_names("ruler")[:8] == tuple(ruler.RULER_TASKS) and "s-niah-1" in task_names("ruler")
+    assert task_names("legacy") == ("s-niah-1", "s-niah-2", "s-niah-3", "mk-niah")
+    assert make_task("s-niah-2").name == "niah_single_2" and make_task("mk-niah").name == "niah_multikey_1"
+    assert make_task("s-niah-1", format="legacy").format == "legacy"
+    assert make_task("niah_multiquery").describe()["format"] == "ruler"
+    with pytest.raises(ValueError, match="legacy-format options"):
+        make_task("s-niah-1", num_needles=3)
+    with pytest.raises(ValueError, match="unknown task format"):
+        make_task("s-niah-1", format="RULER")
+    with pytest.raises(ValueError, match="unknown RULER task"):
+        make_task("niah_single_9")
+    with pytest.raises(ValueError, match="essay tasks only"):
+        make_task("niah_multikey_2", haystack_file=default_prose_path())
+
+
+def test_too_short_length_is_a_clear_error():
+    task = RulerTask("niah_single_1")
+    assert 900 < task.min_length() <= 1022      # the fixture fits 1022 tokens in 1024
+    with pytest.raises(ValueError, match="too short for RULER task niah_single_1"):
+        task.sample(600, 0, samples=1)
+
+
+def test_sweep_records_the_format_and_rulers_score(tmp_path):
+    from _eval_helpers import tiny_model
+
+    from qedprobe.eval.sweep import load_results, run_sweep
+    summary = run_sweep(tiny_model(), "bytes", task="s-niah-1", lengths=[1024], strengths=[1.0], samples=1,
+                        out=tmp_path / "sw", progress=False, decode="answer")
+    spec = json.loads((tmp_path / "sw" / "config.json").read_text())["samples_spec"]
+    assert spec["format"] == "ruler" and spec["task"] == "niah_single_1" and spec["max_new_tokens"] == 128
+    fixture = CASES[0]["samples"]                      # niah_single_1 at 1024, seed 42 ...
+    rows = load_results(tmp_path / "sw")               # ... this sweep is seed 0
+    for r in rows:
+        assert r["format"] == "ruler" and r["answers"] == [r["answer"]] and r["prompt_tokens"] <= 1024 - 128 + 1
+        assert r["score"] == answer_fraction(r["prediction"], r["answers"]) and r["correct"] == (r["score"] == 1)
+    assert rows[0]["answer"] != fixture[0]["outputs"][0]
+    assert summary[0]["format"] == "ruler"
+    assert summary[0]["score_pct"] == round(100 * sum(r["score"] for r in rows) / len(rows), 2)
+
+
+def test_summary_and_report_give_partial_credit_in_percent(tmp_path, capsys):
+    from qedprobe.eval import commands
+    from qedprobe.eval.sweep import summarize
+    rows = [{"task": "niah_multivalue", "format": "ruler", "length": 4096, "s": 1.0, "sample_id": i,
+             "correct": sc == 1.0, "score": sc, "prompt_sha": f"p{i}"} for i, sc in enumerate([1.0, 0.5, 0.25, 0.0])]
+    (row,) = summarize(rows)
+    assert row["score_pct"] == 43.75 and row["accuracy"] == 0.25 and row["format"] == "ruler"
+    legacy = [{"length": 512, "s": 1.0, "sample_id": i, "correct": c} for i, c in enumerate([True, False])]
+    assert summarize(legacy)[0]["score_pct"] == 50.0 and summarize(legacy)[0]["format"] == "legacy"
+    (tmp_path / "mv").mkdir()
+    (tmp_path / "mv" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert commands.main(["report", str(tmp_path / "mv")]) == 0
+    md = capsys.readouterr().out
+    assert "RULER score %" in md and "| 4K | 43.75 |" in md and "| 4K | 25.0 [" in md
