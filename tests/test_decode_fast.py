@@ -63,7 +63,7 @@ def test_answer_tokens_follow_the_task():
 
 def test_sweep_decoding_the_answer_is_a_prefix_of_the_budget_run(tmp_path):
     model = tiny_model()
-    kw = dict(lengths=[400], strengths=[0.0, 1.0], samples=2, progress=False)
+    kw = dict(lengths=[400], strengths=[0.0, 1.0], samples=2, progress=False, task_format="legacy")
     run_sweep(model, out=tmp_path / "budget", **kw)
     run_sweep(model, out=tmp_path / "answer", decode="answer", **kw)
     full, short = load_results(tmp_path / "budget"), load_results(tmp_path / "answer")
