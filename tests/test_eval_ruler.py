@@ -158,12 +158,11 @@ def test_sweep_records_the_format_and_rulers_score(tmp_path):
                         out=tmp_path / "sw", progress=False, decode="answer")
     spec = json.loads((tmp_path / "sw" / "config.json").read_text())["samples_spec"]
     assert spec["format"] == "ruler" and spec["task"] == "niah_single_1" and spec["max_new_tokens"] == 128
-    fixture = CASES[0]["samples"]                      # niah_single_1 at 1024, seed 42 ...
-    rows = load_results(tmp_path / "sw")               # ... this sweep is seed 0
+    rows = load_results(tmp_path / "sw")
+    assert rows[0]["prompt_sha"] == make_task("niah_single_1").sample(1024, 0, samples=1, seed=0).sha
     for r in rows:
         assert r["format"] == "ruler" and r["answers"] == [r["answer"]] and r["prompt_tokens"] <= 1024 - 128 + 1
         assert r["score"] == answer_fraction(r["prediction"], r["answers"]) and r["correct"] == (r["score"] == 1)
-    assert rows[0]["answer"] != fixture[0]["outputs"][0]
     assert summary[0]["format"] == "ruler"
     assert summary[0]["score_pct"] == round(100 * sum(r["score"] for r in rows) / len(rows), 2)
 
@@ -182,3 +181,20 @@ def test_summary_and_report_give_partial_credit_in_percent(tmp_path, capsys):
     assert commands.main(["report", str(tmp_path / "mv")]) == 0
     md = capsys.readouterr().out
     assert "RULER score %" in md and "| 4K | 43.75 |" in md and "| 4K | 25.0 [" in md
+
+
+def test_cli_notes_a_format_other_than_the_models(tmp_path, capsys):
+    from _eval_helpers import saved_tiny_model
+    from qedprobe.eval import commands
+    from qedprobe.model import QEDConfig
+    model = saved_tiny_model(tmp_path / "m")
+    cfg = QEDConfig.load(tmp_path / "m" / "config.json")
+    cfg.task_format = "legacy"
+    cfg.save(tmp_path / "m" / "config.json")
+    argv = ["sweep", "--model", model, "--out", str(tmp_path / "o"), "--lengths", "1024", "--layers", "7",
+            "--no-progress"]
+    assert commands.main(argv) == 2                    # stopped by --layers, after the note
+    err = capsys.readouterr().err
+    assert "trained on the legacy format, this sweep uses --format ruler" in err and "--layers" in err
+    assert commands.main([*argv, "--format", "legacy", "--lengths", "400"]) == 2
+    assert "trained on" not in capsys.readouterr().err

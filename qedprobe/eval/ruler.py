@@ -365,7 +365,10 @@ class RulerTask:
 
     def sample(self, length: int, i: int, *, samples: int, seed: int = 42) -> Sample:
         """Sample ``i`` (0-based) of RULER's stream at ``(length, seed)``; ``samples`` only bounds
-        ``i`` (RULER's sample ``i`` does not depend on how many follow it)."""
+        ``i`` (RULER's sample ``i`` does not depend on how many follow it). ``depth`` is the share
+        of the haystack before the first asked needle (essay: its drawn depth / 100; lines: the
+        haystack lines before it / all of them); ``key`` is RULER's query (several keys joined
+        with ", and " for ``niah_multiquery``)."""
         length, i, samples = int(length), int(i), int(samples)
         if not 0 <= i < samples:
             raise ValueError(f"sample id {i} outside 0..{samples - 1}")
