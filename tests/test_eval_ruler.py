@@ -122,6 +122,12 @@ def test_essay_haystack_from_json_folder_or_text(tmp_path):
     (tmp_path / "bad.json").write_text("[1]")
     with pytest.raises(ValueError, match="PaulGrahamEssays.json"):
         read_essay(tmp_path / "bad.json")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_essay(tmp_path / "latin1.txt")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_essay(tmp_path / "broken.json")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no .txt files"):
         read_essay(tmp_path / "empty")

@@ -218,14 +218,23 @@ def read_essay(path=None) -> str:
     or any text file; ``None`` is the prose shipped with qedprobe (a stand-in for the essays)."""
     if path is None:
         return default_prose_path().read_text(encoding="utf-8")
-    p = Path(path)
+    try:
+        return _read_essay(Path(path))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"`haystack_file` {str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def _read_essay(p: Path) -> str:
     if p.is_dir():
         files = sorted(p.glob("*.txt"))
         if not files:
             raise ValueError(f"haystack folder {str(p)!r} has no .txt files")
         text = "".join(f.read_text(encoding="utf-8") for f in files)
     elif p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"haystack file {str(p)!r} is not valid JSON ({err})") from None
         if not isinstance(data, dict) or not isinstance(data.get("text"), str):
             raise ValueError(f"haystack file {str(p)!r}: expected a JSON object with a \"text\" string "
                              "(RULER's PaulGrahamEssays.json)")
