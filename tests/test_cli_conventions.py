@@ -103,7 +103,7 @@ def test_demo_and_convert_errors_are_one_line(tmp_path, capsys, model_dir):
 # ------------------------------------------------------------------ sweep
 def _sweep(model, out, *extra):
     return cli.main(["sweep", "--model", str(model), "--device", "cpu", "--out", str(out), "--lengths", str(L),
-                     "--samples", "1", "--no-progress", *extra])
+                     "--samples", "1", "--no-progress", "--format", "legacy", *extra])
 
 
 @pytest.mark.parametrize("extra, words", [

@@ -157,11 +157,11 @@ def test_too_short_length_is_a_clear_error():
 
 
 def test_sweep_records_the_format_and_rulers_score(tmp_path):
-    from _eval_helpers import tiny_model
+    from helpers import tiny_model
 
     from qedprobe.eval.sweep import load_results, run_sweep
     summary = run_sweep(tiny_model(), "bytes", task="s-niah-1", lengths=[1024], strengths=[1.0], samples=1,
-                        out=tmp_path / "sw", progress=False, decode="answer")
+                        out=tmp_path / "sw", progress=False, decode="answer").summary
     spec = json.loads((tmp_path / "sw" / "config.json").read_text())["samples_spec"]
     assert spec["format"] == "ruler" and spec["task"] == "niah_single_1" and spec["max_new_tokens"] == 128
     rows = load_results(tmp_path / "sw")
@@ -190,7 +190,7 @@ def test_summary_and_report_give_partial_credit_in_percent(tmp_path, capsys):
 
 
 def test_cli_notes_a_format_other_than_the_models(tmp_path, capsys):
-    from _eval_helpers import saved_tiny_model
+    from helpers import saved_tiny_model
     from qedprobe.eval import commands
     from qedprobe.model import QEDConfig
     model = saved_tiny_model(tmp_path / "m")

@@ -40,7 +40,7 @@ def one_thread():
 
 def _sweep_cli(model, out, strengths):
     return commands.main(["sweep", "--model", str(model), "--device", "cpu", "--out", str(out), "--lengths", str(L),
-                          f"--strengths={strengths}", "--samples", "1", "--no-progress"])
+                          f"--strengths={strengths}", "--samples", "1", "--no-progress", "--format", "legacy"])
 
 
 # ------------------------------------------------------------------ 1. weights in the fingerprint
@@ -57,7 +57,7 @@ def test_sweep_cli_refuses_other_weights_behind_the_same_config(tmp_path, capsys
 
 
 def test_sweep_api_refuses_other_weights_and_resumes_with_the_same(tmp_path):
-    kw = dict(task="s-niah-1", lengths=[L], samples=1, out=tmp_path / "run", progress=False)
+    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], samples=1, out=tmp_path / "run", progress=False)
     run_sweep(tiny_model(seed=0), "bytes", strengths=[1.0], **kw)
     with pytest.raises(SweepError, match="weights"):
         run_sweep(tiny_model(seed=1), "bytes", strengths=[0.0, 1.0], **kw)
@@ -66,7 +66,7 @@ def test_sweep_api_refuses_other_weights_and_resumes_with_the_same(tmp_path):
 
 
 def test_sweep_folder_without_weights_hash_is_not_resumed(tmp_path):
-    kw = dict(task="s-niah-1", lengths=[L], strengths=[1.0], samples=1, out=tmp_path / "run", progress=False)
+    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], strengths=[1.0], samples=1, out=tmp_path / "run", progress=False)
     run_sweep(tiny_model(), "bytes", **kw)
     config_file = tmp_path / "run" / "config.json"
     config = json.loads(config_file.read_text())
@@ -132,7 +132,7 @@ def test_truncating_the_loss_log_says_so(tmp_path):
 
 # ------------------------------------------------------------------ 5. corrupt results line
 def test_corrupt_line_in_results_is_refused_by_file_and_line(tmp_path, capsys):
-    kw = dict(task="s-niah-1", lengths=[L], strengths=[0.0, 1.0], samples=1, out=tmp_path / "run",
+    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], strengths=[0.0, 1.0], samples=1, out=tmp_path / "run",
               progress=False)
     run_sweep(tiny_model(), "bytes", **kw)
     path = tmp_path / "run" / "results.jsonl"
