@@ -119,7 +119,7 @@ def test_eig_cli_task_and_text(tmp_path, capsys):
 
 def test_eig_cli_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, capsys):
     tiny(arm="full").save_pretrained(tmp_path / "m")  # vocabulary 97 < the byte tokenizer's 259 ids
-    assert commands.main(["eig", "--model", str(tmp_path / "m"), "--length", "400", "--samples", "1",
+    assert commands.main(["eig", "--model", str(tmp_path / "m"), "--length", "400", "--samples", "1", "--format", "legacy",
                           "--out", str(tmp_path / "eig"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "259 ids" in err and "vocabulary has 97" in err and "--tokenizer" in err
