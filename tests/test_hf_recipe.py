@@ -71,10 +71,11 @@ def _length(folder) -> int:
 
 
 def test_cli_sweep_and_eig_on_a_transformers_folder(qwen_folder, tmp_path, capsys):
+    """In the legacy task format: its prompts fit the short lengths a CPU test can afford."""
     L = _length(qwen_folder)
     out = tmp_path / "sweep"
     args = ["sweep", "--model", str(qwen_folder), "--lengths", str(L), "--samples", "2", "--strengths", "0,1",
-            "--qed-lambda", "0.1", "--qed-arm", "nogate", "--out", str(out), "--no-progress"]
+            "--qed-lambda", "0.1", "--qed-arm", "nogate", "--out", str(out), "--no-progress", "--format", "legacy"]
     assert main(args) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted((r["s"], r["sample_id"]) for r in rows) == [(0.0, 0), (0.0, 1), (1.0, 0), (1.0, 1)]
@@ -88,14 +89,14 @@ def test_cli_sweep_and_eig_on_a_transformers_folder(qwen_folder, tmp_path, capsy
     capsys.readouterr()
 
     assert main(["sweep", "--model", str(qwen_folder), "--lengths", str(L), "--samples", "2",
-                 "--out", str(tmp_path / "gdn"), "--no-progress"]) == 2
+                 "--out", str(tmp_path / "gdn"), "--no-progress", "--format", "legacy"]) == 2
     assert "pass --qed-lambda" in capsys.readouterr().err
     assert main(["sweep", "--model", str(qwen_folder), "--lengths", str(L), "--samples", "2", "--layers", "1",
-                 "--qed-lambda", "0.1", "--out", str(tmp_path / "bad"), "--no-progress"]) == 2
+                 "--qed-lambda", "0.1", "--out", str(tmp_path / "bad"), "--no-progress", "--format", "legacy"]) == 2
     assert "linear-attention layers [0, 2, 3] only" in capsys.readouterr().err
 
     assert main(["eig", "--model", str(qwen_folder), "--length", str(L), "--samples", "1",
-                 "--qed-lambda", "0.05", "--out", str(tmp_path / "eig"), "--no-progress"]) == 0
+                 "--qed-lambda", "0.05", "--out", str(tmp_path / "eig"), "--no-progress", "--format", "legacy"]) == 0
     summary = json.loads((tmp_path / "eig" / "eig.json").read_text())
     assert [row["layer"] for row in summary["layers"]] == [0, 2, 3]
     assert summary["meta"]["arm"] == "full" and summary["e_recompute_maxdiff"] < 1e-5
