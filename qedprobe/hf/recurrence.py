@@ -24,9 +24,12 @@ With lambda = 0 this is the layer as trained: ``e = 1 - beta ||k_hat||^2`` with
 ``k_hat = k / sqrt(||k||^2 + 1e-6)``, i.e. ``1 - beta`` up to that epsilon. ``hook_q`` /
 ``hook_k`` show q and k before the L2 normalisation the op applies, one copy per value head (a
 hook may give each value head its own). Writable hooks (q, k, v, b, w, g, lambda, d, o) return
-what the op uses; the gates may come back per channel. The copies are what grouped heads cost
-until the op takes them natively: q and k are ``m`` times larger, and ``b``, ``g`` (``[B, T, Hv,
-K]``) and ``w`` (``[B, T, Hv, V]``) are materialised where transformers passes ``[B, T, Hv]``.
+what the op uses; the gates may come back per channel.
+
+Cost: the op takes grouped heads natively, so q and k are copied per value head (``m`` times
+larger) only while ``hook_q``, ``hook_k`` or ``hook_d`` has a hook; the scalar gates are always
+materialised as ``b``, ``g`` ``[B, T, Hv, K]`` and ``w`` ``[B, T, Hv, V]`` (the op's gates are
+per channel) where transformers passes ``[B, T, Hv]``.
 """
 from __future__ import annotations
 
@@ -97,6 +100,14 @@ class LinearAttnRecurrence(nn.Module):
         """``[B, T, Hk, K]`` -> ``[B, T, Hv, K]`` (value head ``j`` gets q/k head ``j // m``)."""
         return x if self.group_size == 1 else x.repeat_interleave(self.group_size, dim=2)
 
+    def _query_key(self, query: torch.Tensor, key: torch.Tensor) -> tuple:
+        """q and k for the op: as transformers gives them (``[B, T, Hk, K]``, the op reads head
+        ``j // m`` for value head ``j``), or, when ``hook_q``, ``hook_k`` or ``hook_d`` has a
+        hook, one copy per value head (``[B, T, Hv, K]``) through ``hook_q`` / ``hook_k``."""
+        if not any(h.has_hooks(dir="fwd") for h in (self.hook_q, self.hook_k, self.hook_d)):
+            return query, key
+        return through(self.hook_q, self._heads(query)), through(self.hook_k, self._heads(key))
+
     def recurrence(self, query, key, value, g, beta, *, phase: str, initial_state=None,
                    output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                    cu_seqlens=None, **unused):
@@ -108,15 +119,14 @@ class LinearAttnRecurrence(nn.Module):
         """
         B, T, Hv, V = value.shape
         K = query.shape[-1]
-        q = through(self.hook_q, self._heads(query))
-        k = through(self.hook_k, self._heads(key))
+        q, k = self._query_key(query, key)
         v = through(self.hook_v, value)
         b = through(self.hook_b, beta.unsqueeze(-1).expand(B, T, Hv, K))
         w = through(self.hook_w, beta.unsqueeze(-1).expand(B, T, Hv, V))
         g = through(self.hook_g, g.unsqueeze(-1).expand(B, T, Hv, K))
         lam = through(self.hook_lambda, self.lam_now(phase), (Hv,), (B, T, Hv))
         d = None
-        if self.hook_d.has_hooks(dir="fwd"):
+        if self.hook_d.has_hooks(dir="fwd"):  # q, k are per value head here (_query_key)
             ct = torch.promote_types(q.dtype, torch.float32)
             d = through(self.hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
                                                      b.to(ct), self.arm, self.z))
