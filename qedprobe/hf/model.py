@@ -158,7 +158,8 @@ class HFQEDModel(HookedModel):
         if max_new_tokens == 0:
             return [[] for _ in packed.lengths]
         sampling = dict(temperature=temperature, top_k=top_k or 0, top_p=1.0) if do_sample else {}
-        gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, **sampling, eos_token_id=eos_token_id,
+        gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, **sampling,
+                               eos_token_id=eos_token_id,
                                pad_token_id=eos_token_id if eos_token_id is not None else 0)
         rows = packed.ids[0].split(list(packed.lengths))
         by_length = defaultdict(list)
