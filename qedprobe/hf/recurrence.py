@@ -91,10 +91,12 @@ class LinearAttnRecurrence(nn.Module):
             z = random_directions(cfg.num_heads, cfg.head_dim, cfg.rand_seed + self.layer_idx).to(self.lam.device)
         self.z = z
 
-    def lam_now(self, phase: str) -> torch.Tensor:
-        """``[Hv]`` float32: the injected lambda times the active strength factors of ``phase``."""
+    def lam_now(self, phase: str, device) -> torch.Tensor:
+        """``[Hv]`` float32 on ``device`` (the layer's: a model split over devices keeps its
+        buffers on one): the injected lambda times the active strength factors of ``phase``."""
         scales = lambda_scales(self._strength_factors, phase)
-        return self.lam if scales is None else self.lam * scales[self.layer_idx].to(self.lam.device)
+        lam = self.lam.to(device)
+        return lam if scales is None else lam * scales[self.layer_idx].to(device)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, Hk, K]`` -> ``[B, T, Hv, K]`` (value head ``j`` gets q/k head ``j // m``)."""
@@ -124,16 +126,17 @@ class LinearAttnRecurrence(nn.Module):
         b = through(self.hook_b, beta.unsqueeze(-1).expand(B, T, Hv, K))
         w = through(self.hook_w, beta.unsqueeze(-1).expand(B, T, Hv, V))
         g = through(self.hook_g, g.unsqueeze(-1).expand(B, T, Hv, K))
-        lam = through(self.hook_lambda, self.lam_now(phase), (Hv,), (B, T, Hv))
+        lam = through(self.hook_lambda, self.lam_now(phase, value.device), (Hv,), (B, T, Hv))
+        z = None if self.z is None else self.z.to(value.device)
         d = None
         if self.hook_d.has_hooks(dir="fwd"):  # q, k are per value head here (_query_key)
             ct = torch.promote_types(q.dtype, torch.float32)
             d = through(self.hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
-                                                     b.to(ct), self.arm, self.z))
+                                                     b.to(ct), self.arm, z))
         probe_hooks = self.probe_hooks()
         want_probes = any(hook.has_hooks(dir="fwd") for hook in probe_hooks.values())
         o, state, probes = qed_attention(
-            q, k, v, g, b, w, lam, mode=self.op_mode, arm=self.arm, z=self.z, d=d,
+            q, k, v, g, b, w, lam, mode=self.op_mode, arm=self.arm, z=z, d=d,
             initial_state=initial_state, output_final_state=output_final_state,
             return_probes=want_probes, use_qk_l2norm=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
         if want_probes:
