@@ -166,12 +166,14 @@ def markdown(report: dict) -> str:
              f"fla {report['fla']}; T = {report['length']}.", "",
              "| family | fwd max abs: ours vs torch | fla vs torch | decode max abs: ours | fla | "
              "greedy tokens = torch: ours | fla | max abs logit | pass |", "|---|---|---|---|---|---|---|---|---|"]
+    def g(x):
+        return "-" if x is None else f"{x:.3g}"
     for r in report["equality"]:
         fla = r.get("fla", {})
-        lines.append(f"| {r['family']} | {r['ours']['forward_max_abs']:.3g} | {fla.get('forward_max_abs', '-')} | "
-                     f"{r['ours']['decode_max_abs']:.3g} | {fla.get('decode_max_abs', '-')} | "
+        lines.append(f"| {r['family']} | {g(r['ours']['forward_max_abs'])} | {g(fla.get('forward_max_abs'))} | "
+                     f"{g(r['ours']['decode_max_abs'])} | {g(fla.get('decode_max_abs'))} | "
                      f"{r['ours']['tokens_equal']}/{r['ours']['tokens']} | {fla.get('tokens_equal', '-')} | "
-                     f"{r['logit_scale']:.3g} | {r.get('pass', '-')} |")
+                     f"{g(r['logit_scale'])} | {r.get('pass', '-')} |")
     lines += ["", "| family | B | T | ours ms | ours + probes ms | fla ms | torch ms | ours tokens/s |",
               "|---|---|---|---|---|---|---|---|"]
     for r in report["speed"]:
