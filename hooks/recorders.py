@@ -1,7 +1,8 @@
 r"""Streaming probe recorders: per-head statistics over all tokens seen, O(H) memory.
 
 :class:`RunningStats` keeps, per head, the count, mean and sum of squared deviations (merged
-batch by batch with Chan's parallel update), min, max and, optionally, counts in fixed bins.
+batch by batch with Chan's parallel update, and across processes with :meth:`RunningStats.merge`),
+min, max and, optionally, counts in fixed bins; ``qedprobe.eval.eig`` builds on it too.
 :class:`ProbeRecorder` attaches one ``RunningStats`` per (probe, layer) to a model's hooks::
 
     rec = ProbeRecorder(model, probes=("e", "rho"), edges={"e": torch.linspace(-0.25, 1.25, 61)})
@@ -25,7 +26,19 @@ PROBES = ("e", "rho", "Sd", "d", "lambda")
 
 
 class RunningStats:
-    """Per-head running count / mean / variance / min / max (float64), optional histogram.
+    r"""Per-head running count / mean / variance / min / max (float64), optional histogram.
+
+    Moments, min and max are over the finite samples (``count`` is their number); the histogram
+    counts every sample, NaN in the overflow bin. A batch's ``(n_b, mean_b, M2_b)`` is combined
+    with the running ``(n_a, mean_a, M2_a)`` by Chan et al.'s parallel update
+
+        n = n_a + n_b,  delta = mean_b - mean_a,
+        mean = mean_a + delta n_b / n,  M2 = M2_a + M2_b + delta^2 n_a n_b / n,
+
+    which is exact in exact arithmetic for any split of the samples, so :meth:`merge` of
+    statistics gathered apart (other ranks, other runs) equals one pass over all the samples up
+    to float64 rounding; counts, min and max merge exactly. Batches are reduced on their own
+    device; only the ``[H]`` results move to the CPU.
 
     ``edges``: increasing bin edges ``[nb + 1]``; ``counts`` is ``[H, nb + 2]`` with the
     under- and overflow bins first and last.
@@ -51,22 +64,47 @@ class RunningStats:
         """Add samples ``x`` ``[..., H]`` (every leading index is one sample per head)."""
         if x.shape[-1] != self.num_heads:
             raise ValueError(f"RunningStats: last axis must be the {self.num_heads} heads, got shape {tuple(x.shape)}")
-        x = x.detach().reshape(-1, self.num_heads).to("cpu", torch.float64)
-        n = x.shape[0]
-        if n == 0:
+        x = x.detach().reshape(-1, self.num_heads).double()
+        if x.shape[0] == 0:
             return
-        mean_b = x.mean(0)
-        m2_b = ((x - mean_b) ** 2).sum(0)
-        total = self.count + n
-        delta = mean_b - self.mean
-        self.mean = self.mean + delta * n / total
-        self.m2 = self.m2 + m2_b + delta ** 2 * self.count * n / total
-        self.count = total
-        self.min = torch.minimum(self.min, x.min(0).values)
-        self.max = torch.maximum(self.max, x.max(0).values)
+        finite = torch.isfinite(x)
+        n_b = finite.sum(0).double()
+        mean_b = torch.where(finite, x, 0.0).sum(0) / n_b.clamp_min(1)
+        m2_b = torch.where(finite, x - mean_b, 0.0).square().sum(0)
+        inf = torch.tensor(float("inf"), dtype=torch.float64, device=x.device)
+        self._combine(n_b.cpu(), mean_b.cpu(), m2_b.cpu(), torch.where(finite, x, inf).min(0).values.cpu(),
+                      torch.where(finite, x, -inf).max(0).values.cpu())
         if self.edges is not None:
-            idx = torch.bucketize(x, self.edges, right=True).T  # [H, n], 0 = underflow
-            self.counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
+            self.counts += self._bin_counts(x).cpu()
+
+    def _bin_counts(self, x: torch.Tensor) -> torch.Tensor:
+        """``[H, nb + 2]`` bin counts of ``x`` ``[N, H]`` (NaN counted as overflow)."""
+        nb2 = self.counts.shape[1]
+        idx = torch.bucketize(x, self.edges.to(x.device), right=True)  # 0: < edges[0], nb2 - 1: >= edges[-1]
+        idx = torch.where(torch.isnan(x), nb2 - 1, idx)
+        flat = idx + torch.arange(self.num_heads, device=x.device) * nb2
+        return torch.bincount(flat.reshape(-1), minlength=self.num_heads * nb2).view(self.num_heads, nb2).double()
+
+    def _combine(self, n_b, mean_b, m2_b, min_b, max_b) -> None:
+        """Chan's update with another set of per-head statistics (see the class docstring)."""
+        total = self.count + n_b
+        delta = mean_b - self.mean
+        share = torch.where(total > 0, n_b / total.clamp_min(1), 0.0)
+        self.mean = self.mean + delta * share
+        self.m2 = self.m2 + m2_b + delta.square() * self.count * share
+        self.count = total
+        self.min = torch.minimum(self.min, min_b)
+        self.max = torch.maximum(self.max, max_b)
+
+    def merge(self, other: RunningStats) -> RunningStats:
+        """Add the samples ``other`` has seen (same heads and edges); returns ``self``."""
+        if other.num_heads != self.num_heads or (self.edges is None) != (other.edges is None) or (
+                self.edges is not None and not torch.equal(self.edges, other.edges)):
+            raise ValueError("RunningStats.merge: `other` must have the same heads and bin edges")
+        self._combine(other.count, other.mean, other.m2, other.min, other.max)
+        if self.edges is not None:
+            self.counts = self.counts + other.counts
+        return self
 
     @property
     def var(self) -> torch.Tensor:

@@ -23,8 +23,8 @@ not grow with the input length):
   the norm.) Histogram of ``log10(sigma_max - 1)`` on ``[-12, 1]``; count of ``sigma_max > 1``
   while ``|e| < 1`` (eigenvalues inside, norm above 1: non-normality).
 
-Single-probe running statistics (``e``, ``rho``, ``|Sd|``, ``|d|``, ``lambda``) also exist as
-``qedprobe.hooks.ProbeRecorder``; this module adds the joint quantities (``sigma_max`` from
+Histograms and moments are kept by ``qedprobe.hooks.RunningStats`` (the engine of
+``qedprobe.hooks.ProbeRecorder``, which records single probes); this module adds the joint quantities (``sigma_max`` from
 ``k, b, lambda, d``; the correction from ``lambda, rho, Sd``), the range counts and the figures.
 
 Python::
@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from qedprobe.hooks import RunningStats
 
 __all__ = ["sigma_max_rank_one", "EigAccumulator", "run_eig", "task_batches", "text_batches", "BINS"]
 
@@ -83,6 +85,9 @@ class EigAccumulator:
     may be ``[B, T, H, ...]`` or packed ``[1, sum T, H, ...]``; ``lambda`` ``[H]`` or ``[B, T, H]``.
     ``layers`` (default all ``n_layers``) are recorded from the hooks
     ``blocks.{l}.{mixer_name}.hook_*`` (``model.mixer_name``).
+    Histograms and moments are :class:`qedprobe.hooks.RunningStats` (one per quantity and
+    layer), so :meth:`merge` combines accumulators filled apart (ranks, runs) exactly: sums of
+    counts, min / max, Chan's merge of the moments.
     """
 
     NEEDS = ("k", "b", "lambda", "d", "e", "rho", "Sd")
@@ -98,14 +103,9 @@ class EigAccumulator:
         self.device = torch.device(device)
         self.edges = {name: torch.linspace(lo, hi, n + 1, dtype=torch.float64)
                       for name, (lo, hi, n) in BINS.items()}
-        self._edges_dev = {}
-        self.hist = {name: torch.zeros(self.L, self.H, n + 2, dtype=torch.int64)
-                     for name, (_, _, n) in BINS.items()}
+        self.binned = {(name, l): RunningStats(self.H, self.edges[name]) for name in BINS for l in range(self.L)}
+        self.moments = {(name, l): RunningStats(self.H) for name in STATS for l in range(self.L)}
         self.counts = {name: torch.zeros(self.L, self.H, dtype=torch.int64) for name in COUNTS}
-        self.sum = {name: torch.zeros(self.L, self.H, dtype=torch.float64) for name in STATS}
-        self.sumsq = {name: torch.zeros(self.L, self.H, dtype=torch.float64) for name in STATS}
-        self.min = {name: torch.full((self.L, self.H), math.inf, dtype=torch.float64) for name in STATS}
-        self.max = {name: torch.full((self.L, self.H), -math.inf, dtype=torch.float64) for name in STATS}
         self.e_recompute_maxdiff = 0.0
         self.tokens = 0
         self.meta = {}
@@ -130,28 +130,6 @@ class EigAccumulator:
         return hook
 
     # ------------------------------------------------------------------------------ update
-    def _hist(self, name, layer, x):
-        """x: [N, H] float64 on any device -> add bucket counts to hist[name][layer]."""
-        lo, hi, n = BINS[name]
-        dev = x.device
-        key = (name, dev)
-        if key not in self._edges_dev:
-            self._edges_dev[key] = self.edges[name].to(dev)
-        idx = torch.bucketize(x, self._edges_dev[key], right=True)  # 0: < lo, n+1: >= hi
-        idx = torch.where(torch.isnan(x), torch.full_like(idx, n + 1), idx)
-        flat = idx + torch.arange(self.H, device=dev) * (n + 2)
-        counts = torch.bincount(flat.reshape(-1), minlength=self.H * (n + 2))
-        self.hist[name][layer] += counts.view(self.H, n + 2).cpu()
-
-    def _moments(self, name, layer, x):
-        finite = torch.isfinite(x)
-        xz = torch.where(finite, x, torch.zeros_like(x))
-        self.sum[name][layer] += xz.sum(0).cpu()
-        self.sumsq[name][layer] += (xz * xz).sum(0).cpu()
-        inf = torch.full_like(x, math.inf)
-        self.min[name][layer] = torch.minimum(self.min[name][layer], torch.where(finite, x, inf).min(0).values.cpu())
-        self.max[name][layer] = torch.maximum(self.max[name][layer], torch.where(finite, x, -inf).max(0).values.cpu())
-
     @torch.no_grad()
     def update(self, layer: int, t: dict) -> None:
         """Reduce one layer's tensors (``k, b, lambda, d, e, rho, Sd``) into the accumulators."""
@@ -175,15 +153,13 @@ class EigAccumulator:
         diff = (e_re - e).abs()
         if diff.numel():
             self.e_recompute_maxdiff = max(self.e_recompute_maxdiff, float(diff.max()))
-        self._hist("e", layer, e)
-        self._hist("rho", layer, rho)
         tiny = torch.tensor(0.0, dtype=torch.float64, device=e.device)
         log = lambda x: torch.where(x > 0, torch.log10(x.clamp_min(1e-300)), tiny - math.inf)  # noqa: E731
-        self._hist("log10_sd", layer, log(sd))
-        self._hist("log10_corr", layer, log(corr))
-        self._hist("log10_sigma_m1", layer, log(sm1))
+        for name, x in (("e", e), ("rho", rho), ("log10_sd", log(sd)), ("log10_corr", log(corr)),
+                        ("log10_sigma_m1", log(sm1))):
+            self.binned[name, layer].update(x)
         for name, x in (("e", e), ("rho", rho), ("sd", sd), ("corr", corr), ("sigma", 1 + sm1)):
-            self._moments(name, layer, x)
+            self.moments[name, layer].update(x)
         c = self.counts
         c["n"][layer] += n
         c["nan"][layer] += torch.isnan(e).sum(0).cpu()
@@ -196,41 +172,78 @@ class EigAccumulator:
         if layer == self.layers[0]:
             self.tokens += n
 
+    def merge(self, other: EigAccumulator) -> EigAccumulator:
+        """Add what ``other`` (same model shape, layers and scale) has seen; returns ``self``."""
+        if (other.L, other.H, other.K, other.layers, other.scale) != (self.L, self.H, self.K, self.layers, self.scale):
+            raise ValueError("EigAccumulator.merge: `other` must have the same layers, heads, head_dim and scale")
+        for key, rs in self.binned.items():
+            rs.merge(other.binned[key])
+        for key, rs in self.moments.items():
+            rs.merge(other.moments[key])
+        for name, c in self.counts.items():
+            c += other.counts[name]
+        self.e_recompute_maxdiff = max(self.e_recompute_maxdiff, other.e_recompute_maxdiff)
+        self.tokens += other.tokens
+        return self
+
     # ------------------------------------------------------------------------------ output
+    @property
+    def hist(self) -> dict:
+        """``{name: [L, H, bins + 2]}`` int64 histogram counts (under/overflow first/last)."""
+        return {name: torch.stack([self.binned[name, l].counts for l in range(self.L)]).long() for name in BINS}
+
+    def _stacked(self, attr) -> dict:
+        return {name: torch.stack([getattr(self.moments[name, l], attr) for l in range(self.L)]) for name in STATS}
+
+    @property
+    def min(self) -> dict:
+        """``{name: [L, H]}`` minimum over the finite values of each quantity of ``STATS``."""
+        return self._stacked("min")
+
+    @property
+    def max(self) -> dict:
+        """``{name: [L, H]}`` maximum over the finite values of each quantity of ``STATS``."""
+        return self._stacked("max")
+
     def nbytes(self) -> int:
         """Memory held by the accumulators (constant: independent of the tokens seen)."""
-        tensors = list(self.hist.values()) + list(self.counts.values()) + list(self.sum.values()) \
-            + list(self.sumsq.values()) + list(self.min.values()) + list(self.max.values())
+        stats = list(self.binned.values()) + list(self.moments.values())
+        tensors = [t for rs in stats for t in (rs.count, rs.mean, rs.m2, rs.min, rs.max, rs.counts)
+                   if t is not None] + list(self.counts.values())
         return sum(x.numel() * x.element_size() for x in tensors)
 
     def summary(self) -> dict:
-        """Per layer and head: counts, min / max / mean / std of each quantity."""
+        """Per layer and head: counts, min / max / mean / std (over finite values) of each quantity."""
         out = {"tokens": self.tokens, "scale": self.scale, "bins": {k: list(v) for k, v in BINS.items()},
                "e_recompute_maxdiff": self.e_recompute_maxdiff, "meta": self.meta, "layers": []}
         for l in self.layers:
             heads = []
             for h in range(self.H):
-                n = int(self.counts["n"][l, h])
                 row = {name: int(self.counts[name][l, h]) for name in COUNTS}
                 for name in STATS:
-                    mean = float(self.sum[name][l, h]) / n if n else math.nan
-                    var = float(self.sumsq[name][l, h]) / n - mean * mean if n else math.nan
-                    row[name] = {"min": float(self.min[name][l, h]), "max": float(self.max[name][l, h]),
-                                 "mean": mean, "std": math.sqrt(max(var, 0.0)) if n else math.nan}
+                    rs = self.moments[name, l]
+                    n = float(rs.count[h])
+                    row[name] = {"min": float(rs.min[h]), "max": float(rs.max[h]),
+                                 "mean": float(rs.mean[h]) if n else math.nan,
+                                 "std": math.sqrt(float(rs.m2[h]) / n) if n else math.nan}
                 heads.append(row)
             out["layers"].append({"layer": l, "heads": heads})
         return out
 
     def arrays(self) -> dict:
+        """``eig.npz``: ``hist_*`` / ``edges_*`` per binned quantity, ``count_*`` per count, and
+        per quantity of ``STATS`` its ``n_*`` (finite values), ``mean_*``, ``m2_*`` (sum of
+        squared deviations), ``min_*``, ``max_*``, all ``[L, H]``."""
         arr = {}
+        hist = self.hist
         for name in BINS:
-            arr[f"hist_{name}"] = self.hist[name].numpy()
+            arr[f"hist_{name}"] = hist[name].numpy()
             arr[f"edges_{name}"] = self.edges[name].numpy()
         for name in COUNTS:
             arr[f"count_{name}"] = self.counts[name].numpy()
-        for name in STATS:
-            for kind, src in (("sum", self.sum), ("sumsq", self.sumsq), ("min", self.min), ("max", self.max)):
-                arr[f"{kind}_{name}"] = src[name].numpy()
+        for kind, attr in (("n", "count"), ("mean", "mean"), ("m2", "m2"), ("min", "min"), ("max", "max")):
+            for name, x in self._stacked(attr).items():
+                arr[f"{kind}_{name}"] = x.numpy()
         arr["layers"] = np.array(self.layers)
         return arr
 
@@ -250,6 +263,7 @@ class EigAccumulator:
         out = Path(out)
         paths = []
         L = len(self.layers)
+        all_hist = self.hist
         cols = min(4, L)
         rows = math.ceil(L / cols)
         for name, xlabel, fname in (("e", "e_t = 1 - a_t . k_t", "eig_e_hist.png"),
@@ -263,7 +277,7 @@ class EigAccumulator:
             for j, l in enumerate(self.layers):
                 ax = axes[j // cols][j % cols]
                 for h in range(self.H):
-                    hist = self.hist[name][l, h, 1:-1].numpy()
+                    hist = all_hist[name][l, h, 1:-1].numpy()
                     ax.step(centers, np.maximum(hist, 0.5), where="mid", lw=0.8, label=f"h{h}")
                 ax.set_yscale("log")
                 ax.set_title(f"layer {l}", fontsize=8)
