@@ -167,6 +167,15 @@ def _tokenizer_spec(args):
     return args.model if _is_transformers(args) else "bytes"
 
 
+def _rank_device_dtype(args):
+    """:func:`_device_dtype`, with the process group started under torchrun and a CUDA device
+    per rank (``qedprobe.dist``)."""
+    from qedprobe import dist
+    dev, dtype = _device_dtype(args)
+    dist.init_from_env(dev)
+    return dist.rank_device(dev), dtype
+
+
 def _model_config(path, args):
     from qedprobe.model import QEDConfig
     p = Path(path)
@@ -237,9 +246,7 @@ def run_sweep_cmd(args) -> int:
             hint = ("pass --qed-lambda (and --qed-arm) to inject QED into this transformers model, or "
                     "--strengths=1") if _is_transformers(args) else "pass --strengths=1"
             raise SweepError(f"{exc}; {hint}" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
-        dev, dtype = _device_dtype(args)
-        dist.init_from_env(dev)
-        dev = dist.rank_device(dev)
+        dev, dtype = _rank_device_dtype(args)
         model_id = str(Path(args.model).resolve())
         _check_out(args.out)
         model = _load_model(args.model, dev, dtype, args)  # the folder's config records the weights' hash
@@ -296,6 +303,7 @@ def run_report_cmd(args) -> int:
 
 
 def run_eig_cmd(args) -> int:
+    from qedprobe import dist
     from qedprobe.tokenizer import TokenizerError, load_tokenizer
 
     from .eig import run_eig, task_batches, text_batches
@@ -304,20 +312,22 @@ def run_eig_cmd(args) -> int:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
             raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
+        dev, dtype = _rank_device_dtype(args)
+        shard = (dist.rank(), dist.world_size())
         try:
             tok = load_tokenizer(_tokenizer_spec(args))
             if args.text is not None:
                 if not Path(args.text).is_file():
                     raise SweepError(f"--text {args.text!r} is not a file")
                 batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
-                                       batch_size=args.batch_size)
+                                       batch_size=args.batch_size, shard=shard)
             else:
                 nt = make_task(args.task or "s-niah-1", tok, format=args.format)
                 if args.length < nt.min_length():
                     raise SweepError(f"--length {args.length} is too short for {nt.name} "
                                      f"(need >= {nt.min_length()})")
                 batches = task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
-                                       batch_size=args.batch_size)
+                                       batch_size=args.batch_size, shard=shard)
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
         cfg = _model_config(args.model, args)
@@ -331,14 +341,15 @@ def run_eig_cmd(args) -> int:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SweepError(f"--out {args.out!r}: {exc}") from None
-        dev, dtype = _device_dtype(args)
         model = _load_model(args.model, dev, dtype, args)
-        total = -(-args.samples // args.batch_size)
+        total = len(range(0, args.samples, args.batch_size)[shard[0]::shard[1]])
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
                       total=total)
         acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
                          "text": args.text, "length": args.length, "samples": args.samples})
+        if not dist.is_main():
+            return 0
         paths = acc.save(out)
     except SweepError as exc:
         return _fail("eig", exc)

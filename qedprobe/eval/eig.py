@@ -42,9 +42,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qedprobe import dist
 from qedprobe.hooks import RunningStats
 
-__all__ = ["sigma_max_rank_one", "EigAccumulator", "run_eig", "task_batches", "text_batches", "BINS"]
+__all__ = ["sigma_max_rank_one", "EigAccumulator", "run_eig", "reduce_ranks", "task_batches", "text_batches", "BINS"]
 
 L2NORM_EPS = 1e-6
 
@@ -313,21 +314,31 @@ class EigAccumulator:
 
 
 # ------------------------------------------------------------------------------------ inputs
-def task_batches(task, tokenizer="bytes", *, length, samples, seed=0, batch_size=1, **task_kwargs):
-    """Yield ``LongTensor [B, T]`` batches of a NIAH task's prompts (right-padded with... nothing:
-    prompts of a batch are cut to the shortest one so that no padding enters the statistics)."""
+def _batch_starts(samples, batch_size, shard):
+    """First sample of every batch, of this shard ``(rank, ranks)`` only: batch ``j`` is rank ``j mod ranks``'s."""
+    rank, ranks = shard
+    if not 0 <= rank < ranks:
+        raise ValueError(f"shard must be (rank, ranks) with 0 <= rank < ranks, got {shard!r}")
+    return range(0, samples, batch_size)[rank::ranks]
+
+
+def task_batches(task, tokenizer="bytes", *, length, samples, seed=0, batch_size=1, shard=(0, 1), **task_kwargs):
+    """Yield ``LongTensor [B, T]`` batches of a NIAH task's prompts (no padding: the prompts of
+    a batch are cut to the shortest one so that no padding enters the statistics). ``shard``
+    ``(rank, ranks)`` yields only that rank's batches (every ``ranks``-th, from ``rank``)."""
     from .tasks import make_task
     nt = task if hasattr(task, "sample") else make_task(task, tokenizer, **task_kwargs)
-    for start in range(0, samples, batch_size):
+    for start in _batch_starts(samples, batch_size, shard):
         ss = [nt.sample(length, i, samples=samples, seed=seed)
               for i in range(start, min(samples, start + batch_size))]
         T = min(len(s.input_ids) for s in ss)
         yield torch.tensor([s.input_ids[:T] for s in ss], dtype=torch.long)
 
 
-def text_batches(path, tokenizer="bytes", *, length, samples, batch_size=1):
+def text_batches(path, tokenizer="bytes", *, length, samples, batch_size=1, shard=(0, 1)):
     """Yield ``[B, length]`` windows of a text file's tokens (BOS first when the tokenizer has
-    one); the text is repeated when it is shorter than ``samples * length`` tokens."""
+    one); the text is repeated when it is shorter than ``samples * length`` tokens. ``shard``
+    as in :func:`task_batches`."""
     from qedprobe.tokenizer import load_tokenizer
     tok = load_tokenizer(tokenizer)
     with open(path, encoding="utf-8") as fh:
@@ -341,7 +352,7 @@ def text_batches(path, tokenizer="bytes", *, length, samples, batch_size=1):
     if len(ids) < need:
         ids = (ids * (need // len(ids) + 1))
     windows = [bos + ids[i * body:(i + 1) * body] for i in range(samples)]
-    for start in range(0, samples, batch_size):
+    for start in _batch_starts(samples, batch_size, shard):
         yield torch.tensor(windows[start:start + batch_size], dtype=torch.long)
 
 
@@ -349,7 +360,11 @@ def text_batches(path, tokenizer="bytes", *, length, samples, batch_size=1):
 def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=None,
             allow_extrapolation=False, progress=False, total=None) -> EigAccumulator:
     """Run ``batches`` (iterable of ``[B, T]`` id tensors) through ``model`` (a prefill pass) with
-    lambda scaled by ``s`` on ``layers`` x ``heads``; returns the filled :class:`EigAccumulator`."""
+    lambda scaled by ``s`` on ``layers`` x ``heads``; returns the filled :class:`EigAccumulator`.
+
+    Under a ``torch.distributed`` process group every rank passes its own share of the inputs
+    (``task_batches(..., shard=(rank, ranks))``) and gets back the accumulator of all ranks
+    (:func:`reduce_ranks`)."""
     from qedprobe.model import strength as strength_cm
     cfg = model.cfg
     acc = EigAccumulator(cfg.num_hidden_layers, cfg.num_heads, cfg.head_dim,
@@ -360,7 +375,7 @@ def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=Non
     it = batches
     if progress:
         from tqdm.auto import tqdm
-        it = tqdm(batches, total=total, unit="batch", desc="eig")
+        it = tqdm(batches, total=total, unit="batch", desc="eig", disable=not dist.is_main())
     device = model.device
     with torch.inference_mode(), strength_cm(model, s, layers=layers, heads=heads, phase="all",
                                              allow_extrapolation=allow_extrapolation):
@@ -368,4 +383,17 @@ def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=Non
             ids = ids.to(device)
             model.run_with_hooks(ids, fwd_hooks=acc.hooks())
             acc._pending.clear()
-    return acc
+    return reduce_ranks(acc)
+
+
+def reduce_ranks(acc: EigAccumulator) -> EigAccumulator:
+    """The merge of every rank's ``acc`` in rank order (the same on every rank); ``acc`` itself
+    without a process group."""
+    if dist.world_size() == 1:
+        return acc
+    parts = dist.gather_objects(acc)
+    total = EigAccumulator(acc.L, acc.H, acc.K, scale=acc.scale, layers=acc.layers)
+    total.meta = dict(acc.meta)
+    for part in parts:
+        total.merge(part)
+    return total

@@ -4,6 +4,8 @@
     qedprobe train --preset small --arm gdn2 --seed 1 --out runs/gdn2-s1 --export checkpoints/gdn2-s1
 
 Running the same command again resumes from ``OUT/latest`` (the config must match).
+On N GPUs: ``torchrun --nproc_per_node=N -m qedprobe.cli train ...`` (data parallel, the same
+global batch ``batch_size x accum``; see :mod:`qedprobe.train.trainer`).
 """
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import sys
 
 import torch
 
+from qedprobe import dist
 from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.ops import ARMS, MODES
 
 from .config import DEVICES, LOSSES, PRESETS, TrainConfig
 from .data import MIXTURES
-from .trainer import train
+from .trainer import resolve_device, train
 
 # CLI flag -> TrainConfig field (None values are not overrides)
 FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "batch_size",
@@ -84,10 +87,12 @@ def run(args: argparse.Namespace) -> int:
     show = close = None
     try:
         cfg = config_from_args(args)
+        dist.init_from_env(resolve_device(cfg.device))
         check_out_folder(args.out, "--out")
         if args.export is not None:
             check_out_folder(args.export, "--export")
-        show, close = _progress(cfg, args.print_every, not args.no_progress)
+        show, close = _progress(cfg, args.print_every if dist.is_main() else 0,
+                                dist.is_main() and not args.no_progress)
         result = train(cfg, args.out, export_dir=args.export, until_step=args.until_step,
                        max_seconds=args.max_seconds, callback=show)
     except ValueError as err:
@@ -95,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if close is not None:
             close()
+    if not dist.is_main():
+        return 0
     if result.finished:
         print(f"done: {result.step} steps, final loss {result.final_loss:.4f}, {result.wall_s:.1f} s; "
               f"model in {result.export_dir}")

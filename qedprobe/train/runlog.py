@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from qedprobe import dist
+
 LOG_NAME = "loss.jsonl"
 NOTES_NAME = "train.log"
 
@@ -39,7 +41,10 @@ def truncate_log(out_dir: Path, step: int) -> int:
 
 
 def note(out_dir: Path, message: str) -> None:
-    """Append a time-stamped line to ``train.log`` and print it to stderr (above a progress bar)."""
+    """Append a time-stamped line to ``train.log`` and print it to stderr (above a progress bar;
+    rank 0 only under torch.distributed: the ranks run in step, one account is enough)."""
+    if not dist.is_main():
+        return
     line = f"[{datetime.now(timezone.utc).isoformat(timespec='seconds')}] {message}"
     tqdm.write(line, file=sys.stderr)
     with open(Path(out_dir) / NOTES_NAME, "a") as fh:

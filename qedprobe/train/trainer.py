@@ -27,12 +27,22 @@ model, optimizer, scheduler, RNG states and data position (the step) from ``late
 that link removed, the newest complete ``step-NNNNNN``), drops log records past that step
 (saying so in ``train.log``), and continues; the result is bit-identical to an uninterrupted run on
 the same device and thread count.
+
+Data parallel (``torchrun --nproc_per_node=N -m qedprobe.cli train ...``, or :func:`train` under
+an initialised process group): the model is wrapped in ``DistributedDataParallel``, rank ``r``
+reads its ``R/N`` rows of every step (``R`` must be a multiple of ``N``) and the loss is scaled
+so that the averaged gradient is the one-process gradient of the same global batch (see
+:func:`_step`); rank 0 writes the logs, checkpoints and the export. ``batch_size``, ``accum`` and
+the data of a step do not depend on ``N``, so a run resumes with any number of ranks; the
+numbers then agree with an uninterrupted run to float rounding (gradients are summed in
+another order), not bit for bit.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +51,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from qedprobe import dist
 from qedprobe.folderlock import lock_folder
 from qedprobe.lam import param_groups
 from qedprobe.model import QEDConfig, QEDModel
@@ -141,37 +152,58 @@ def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: t
     raise RuntimeError(f"train: cannot train on {device}: " + "; ".join(problems))
 
 
-def _batches(data: TrainData, rows: int, start: int, stop: int):
-    """The batches of steps ``start .. stop - 1``; the next one is built in a background thread
-    while the current step runs (rows are pure functions of their index, so order is kept)."""
+def _batches(data: TrainData, rows: int, start: int, stop: int, shard: tuple[int, int] = (0, 1)):
+    """This rank's rows of steps ``start .. stop - 1``: rank ``r`` of ``N`` reads rows
+    ``s*R + r*R/N .. s*R + (r+1)*R/N - 1`` of step ``s`` (``R = rows``), so the ranks together
+    read the step's rows, each once. The next batch is built in a background thread while the
+    current step runs (rows are pure functions of their index, so order is kept)."""
+    rank, ranks = shard
+    share = rows // ranks
     with ThreadPoolExecutor(max_workers=1) as pool:
-        ahead = pool.submit(data.rows, start * rows, rows)
+        ahead = pool.submit(data.rows, start * rows + rank * share, share)
         for step in range(start, stop):
             batch = ahead.result()
             if step + 1 < stop:
-                ahead = pool.submit(data.rows, (step + 1) * rows, rows)
+                ahead = pool.submit(data.rows, (step + 1) * rows + rank * share, share)
             yield batch
 
 
+def _all_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over the ranks (``x`` itself in one process)."""
+    if dist.world_size() > 1:
+        x = x.clone()
+        torch.distributed.all_reduce(x)
+    return x
+
+
 def _step(model, batch, cfg: TrainConfig, device: torch.device, amp: bool) -> dict:
-    """Forward/backward over the step's micro-batches; returns summed statistics (tensors)."""
+    """Forward/backward over this rank's micro-batches (``cfg.batch_size`` rows each); returns
+    the step's statistics over all ranks.
+
+    Each micro-batch backpropagates ``N * objective / count`` with ``count`` the masked targets
+    of the whole step on all ``N`` ranks: DistributedDataParallel averages the ranks' gradients,
+    so the result is the gradient of ``loss_s`` over the global batch, as in one process.
+    Gradients are synchronised on the last micro-batch only (``no_sync`` before it)."""
     mask_key = "valid" if cfg.loss == "all" else "answer"
-    count = batch[mask_key].sum().clamp(min=1).to(device)
+    ranks = dist.world_size()
+    count = _all_sum(batch[mask_key].sum().to(device)).clamp(min=1)
     sums = torch.zeros(3, device=device, dtype=torch.float64)
-    for i in range(cfg.accum):
-        mb = {k: v[i * cfg.batch_size:(i + 1) * cfg.batch_size].to(device, non_blocking=True)
-              for k, v in batch.items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(mb["input_ids"])
-        ce = F.cross_entropy(logits.float().flatten(0, 1), mb["targets"].flatten(),
-                             reduction="none").view_as(mb["targets"])
-        objective = (ce * mb[mask_key]).sum()
-        (objective / count).backward()
+    starts = range(0, batch["input_ids"].shape[0], cfg.batch_size)
+    for j, i in enumerate(starts):
+        mb = {k: v[i:i + cfg.batch_size].to(device, non_blocking=True) for k, v in batch.items()}
+        sync = j == len(starts) - 1 or not hasattr(model, "no_sync")
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                logits = model(mb["input_ids"])
+            ce = F.cross_entropy(logits.float().flatten(0, 1), mb["targets"].flatten(),
+                                 reduction="none").view_as(mb["targets"])
+            objective = (ce * mb[mask_key]).sum()
+            (objective * ranks / count).backward()
         with torch.no_grad():
             hits = (logits.argmax(-1) == mb["targets"]) & mb["answer"]
             sums += torch.stack([objective, (ce * mb["answer"]).sum(), hits.sum()]).double()
-    n_answer = batch["answer"].sum().clamp(min=1).item()
-    loss, answer_loss, answer_hits = sums.tolist()
+    n_answer = _all_sum(batch["answer"].sum().to(device)).clamp(min=1).item()
+    loss, answer_loss, answer_hits = _all_sum(sums).tolist()
     return {"loss": loss / count.item(), "answer_loss": answer_loss / n_answer,
             "answer_acc": answer_hits / n_answer}
 
@@ -193,18 +225,24 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
         raise ValueError(f"train: `max_seconds` must be positive or None, got {max_seconds!r}")
     out_dir = Path(out_dir)
     export_dir = out_dir / "final" if export_dir is None else Path(export_dir)
-    lock = lock_folder(out_dir)
-    if lock is None:
-        raise ValueError(f"train: another training is writing into {out_dir}; wait for it or use a new `out_dir`")
+    lock = lock_folder(out_dir) if dist.is_main() else None  # rank 0 holds the run's lock
+    busy = dist.is_main() and lock is None
+    dist.agree(ValueError(f"train: another training is writing into {out_dir}; wait for it or use a new "
+                          "`out_dir`") if busy else None, kind=ValueError)
     try:
         return _train(cfg, out_dir, export_dir, until_step, max_seconds, callback)
     finally:
-        lock.close()
+        if lock is not None:
+            lock.close()
 
 
 def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_seconds, callback) -> TrainResult:
-    """:func:`train` in the locked ``out_dir``."""
-    device = resolve_device(cfg.device)
+    """:func:`train` in the locked ``out_dir`` (created by rank 0's lock before every rank gets here)."""
+    device = dist.rank_device(resolve_device(cfg.device))
+    ranks = dist.world_size()
+    if cfg.rows_per_step % ranks:
+        raise ValueError(f"train: rows per step (batch_size x accum = {cfg.rows_per_step}) must be a "
+                         f"multiple of the number of ranks ({ranks})")
     amp = device.type == "cuda"
     data = TrainData(cfg.seq_len, cfg.mixture, cfg.seed, cfg.tokenizer)
     model = build_model(cfg, data.tokenizer.vocab_size).to(device)
@@ -225,28 +263,35 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
         start, wall = state["step"], state["wall_s"]
         note(out_dir, f"resumed from {folder.name} (step {start})")
     else:
-        note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device}")
-    dropped = truncate_log(out_dir, start)
-    if dropped:
-        note(out_dir, f"dropped {dropped} loss.jsonl records past step {start} (the resume point)")
-    cfg.save(out_dir / "train_config.json")
+        note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device} ranks={ranks}")
+    if dist.is_main():
+        dropped = truncate_log(out_dir, start)
+        if dropped:
+            note(out_dir, f"dropped {dropped} loss.jsonl records past step {start} (the resume point)")
+        cfg.save(out_dir / "train_config.json")
     configured_op = model.cfg.op_mode
     op_used = _choose_op(cfg, model, device, torch.bfloat16 if amp else torch.float32, out_dir)
 
     def checkpoint(step: int) -> None:
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "rng": rng_state(), "wall_s": wall, "train_config": cfg.to_dict()}
-        with op_mode(model, configured_op):  # config.json keeps the configured op, not the fallback
-            folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
-        note(out_dir, f"checkpoint {folder.name}")
+        """Rank 0 writes (the ranks hold the same weights and optimizer state); all wait for it."""
+        if dist.is_main():
+            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                     "rng": rng_state(), "wall_s": wall, "train_config": cfg.to_dict()}
+            with op_mode(model, configured_op):  # config.json keeps the configured op, not the fallback
+                folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
+            note(out_dir, f"checkpoint {folder.name}")
+        dist.barrier()
 
     rows, session_start = cfg.rows_per_step, time.perf_counter()
     step = start
-    with open(out_dir / LOG_NAME, "a") as log, op_mode(model, op_used):
+    net = model if ranks == 1 else torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
+    log_path = out_dir / LOG_NAME if dist.is_main() else os.devnull
+    with open(log_path, "a") as log, op_mode(model, op_used):
         model.train()
         t0 = time.perf_counter()
-        for batch in _batches(data, rows, start, cfg.steps):
-            record = _step(model, batch, cfg, device, amp)
+        for batch in _batches(data, rows, start, cfg.steps, (dist.rank(), ranks)):
+            record = _step(net, batch, cfg, device, amp)
             if not all(map(math.isfinite, record.values())):
                 raise RuntimeError(f"train: non-finite loss at step {step + 1}: {record}")
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -266,13 +311,16 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
             if callback is not None:
                 callback(record)
             stop = (until_step is not None and step >= until_step) or \
-                   (max_seconds is not None and time.perf_counter() - session_start >= max_seconds)
+                   (max_seconds is not None and any(dist.gather_objects(
+                       time.perf_counter() - session_start >= max_seconds)))  # every rank stops together
             if step % cfg.save_every == 0 or step == cfg.steps or stop:
                 checkpoint(step)
             if stop and step < cfg.steps:
                 note(out_dir, f"stopped at step {step} of {cfg.steps}; call again to resume")
                 return TrainResult(out_dir, step, False, None, None, wall, op_used)
-    records = read_log(out_dir)
-    final_loss = export(model, cfg, data, out_dir, export_dir, records, device, op_used)
-    note(out_dir, f"done: {step} steps, final loss {final_loss:.4f}; exported to {export_dir}")
+    final_loss = None
+    if dist.is_main():
+        final_loss = export(model, cfg, data, out_dir, export_dir, read_log(out_dir), device, op_used)
+        note(out_dir, f"done: {step} steps, final loss {final_loss:.4f}; exported to {export_dir}")
+    final_loss = dist.gather_objects(final_loss)[0]
     return TrainResult(out_dir, step, True, export_dir, final_loss, wall, op_used)
