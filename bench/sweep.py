@@ -18,6 +18,11 @@ plots. ``--decode answer`` (default here) decodes what the longest answer of a b
 (11 tokens for S-NIAH-1 in bytes), ``--decode budget`` the task's 16 (the sweep CLI's default).
 A random model never emits EOS, so every prompt decodes all of them (the worst case).
 ``bench/profile_sweep.py`` attributes prefill and decode time per op.
+
+On N GPUs: ``torchrun --standalone --nproc_per_node=N bench/sweep.py ...`` (every rank builds the
+same seeded model on its GPU and runs its share of the batches; rank 0 prints the JSON, whose
+``wall_s`` ends when the last rank is done and whose token counts are summed over the ranks;
+the time split is rank 0's).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from collections import defaultdict
 
 import torch
 
+from qedprobe import dist
 from qedprobe.eval.sweep import parse_float_list, parse_int_list, run_sweep
 from qedprobe.model import QEDConfig, QEDModel
 from qedprobe.tokenizer import ByteTokenizer
@@ -68,7 +74,8 @@ def main(argv=None) -> int:
                         num_heads=2, head_dim=16, arm=args.arm)
     else:
         cfg = QEDConfig(arm=args.arm)  # the paper's 340M layout
-    device = torch.device(args.device)
+    dist.init_from_env(args.device)
+    device = dist.rank_device(args.device)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     model = QEDModel(cfg).to(device=device, dtype=getattr(torch, args.dtype)).eval()
@@ -99,9 +106,10 @@ def main(argv=None) -> int:
 
     tmp = None
     out = args.out
-    if out is None:
+    if out is None and dist.is_main():
         tmp = tempfile.TemporaryDirectory(prefix="qedprobe_bench_")
         out = os.path.join(tmp.name, "sweep")
+    out = dist.gather_objects(out)[0]  # rank 0's folder, shared by every rank
     t0 = time.perf_counter()
     result = run_sweep(model, "bytes", task=args.task, task_format="legacy",
                        lengths=lengths, strengths=strengths,
@@ -112,6 +120,10 @@ def main(argv=None) -> int:
                        cuda_graph=not args.eager)
     wall = time.perf_counter() - t0
     t = result.timing
+    tokens = {k: sum(r[k] for r in dist.gather_objects(t)) for k in ("prompt_tokens", "new_tokens")}
+    dist.barrier()  # every rank has read the folder before rank 0 removes it
+    if not dist.is_main():
+        return 0
     rows = len(lengths) * len(strengths) * args.samples
     full_grid = not args.tiny and rows == FULL_GRID_ROWS and lengths == parse_int_list("1K,2K,4K,8K,16K,32K")
     res = {
@@ -121,14 +133,15 @@ def main(argv=None) -> int:
         "config": {k: v for k, v in cfg.to_dict().items()
                    if k in ("hidden_size", "num_hidden_layers", "num_heads", "head_dim", "vocab_size", "arm")},
         "dtype": args.dtype,
+        "ranks": dist.world_size(),
         "grid": {"task": args.task, "lengths": lengths, "strengths": strengths, "samples": args.samples,
                  "batch_tokens": args.batch_tokens, "batch_size": args.batch_size, "decode": args.decode},
         "rows": rows,
         "model_build_s": round(build_s, 2),
         "wall_s": round(wall, 2),
-        "prompt_tokens": t.get("prompt_tokens"),
-        "new_tokens": t.get("new_tokens"),
-        "prompt_tokens_per_s": round(t.get("prompt_tokens", 0) / wall, 1) if wall else None,
+        "prompt_tokens": tokens["prompt_tokens"],
+        "new_tokens": tokens["new_tokens"],
+        "prompt_tokens_per_s": round(tokens["prompt_tokens"] / wall, 1) if wall else None,
         "time_s": {
             "prompt_generation": round(t.get("generate_prompts_s", 0), 2),
             "model_generate_calls": round(t.get("model_s", 0), 2),
