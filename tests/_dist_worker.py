@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _eval_helpers import tiny_model
+from helpers import tiny_model
 
 from qedprobe import dist
 from qedprobe.eval.eig import run_eig, task_batches

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 from _dist_worker import EIG, train_config
-from _eval_helpers import saved_tiny_model, tiny_model
+from helpers import saved_tiny_model, tiny_model
 from safetensors.torch import load_file
 
 from qedprobe.eval import commands
+from qedprobe.eval.report import build_report
 from qedprobe.eval.eig import EigAccumulator, run_eig, task_batches
 from qedprobe.eval.sweep import load_results, plan_batches, shard_paths
 from qedprobe.hooks import RunningStats
@@ -78,6 +79,7 @@ def test_sharded_sweep_resumes_a_one_process_folder_and_equals_it(model_dir, ref
     assert {key(r): r for r in on_disk} == reference[0]                   # same predictions, every field
     assert len(rows_on_disk(out)) > len((out / "results.jsonl").read_text().splitlines())  # rank 1 wrote too
     assert (out / "summary.csv").read_text() == reference[1]
+    assert "; 8 |" in build_report([str(out)], s=1.0)                     # report reads every shard
 
 
 def _rank_pid(parent: int, rank: int) -> int | None:

@@ -285,7 +285,7 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
     rows, session_start = cfg.rows_per_step, time.perf_counter()
     step = start
     net = model if ranks == 1 else torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None)
+        model, device_ids=None if device.index is None or device.type != "cuda" else [device.index])
     log_path = out_dir / LOG_NAME if dist.is_main() else os.devnull
     with open(log_path, "a") as log, op_mode(model, op_used):
         model.train()
