@@ -72,8 +72,8 @@ def reference(model_dir, tmp_path_factory):
 
 def test_sharded_sweep_resumes_a_one_process_folder_and_equals_it(model_dir, reference, tmp_path):
     out = tmp_path / "sweep"
-    assert commands.main(sweep_argv(model_dir, out, "0")) == 0          # one process, s = 0 only
-    torchrun("-m", "qedprobe.cli", *sweep_argv(model_dir, out))          # two ranks add s = 1
+    assert commands.main(sweep_argv(model_dir, out, "1")) == 0          # one process, s = 1 only
+    torchrun("-m", "qedprobe.cli", *sweep_argv(model_dir, out))          # two ranks add s = 0
     on_disk = rows_on_disk(out)
     assert Counter(map(key, on_disk)) == Counter(dict.fromkeys(reference[0], 1))
     assert {key(r): r for r in on_disk} == reference[0]                   # same predictions, every field
