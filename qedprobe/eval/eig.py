@@ -392,7 +392,7 @@ def reduce_ranks(acc: EigAccumulator) -> EigAccumulator:
     if dist.world_size() == 1:
         return acc
     parts = dist.gather_objects(acc)
-    total = EigAccumulator(acc.L, acc.H, acc.K, scale=acc.scale, layers=acc.layers)
+    total = EigAccumulator(acc.L, acc.H, acc.K, scale=acc.scale, layers=acc.layers, mixer_name=acc.mixer_name)
     total.meta = dict(acc.meta)
     for part in parts:
         total.merge(part)

@@ -9,7 +9,8 @@ Python API (the CLI ``qedprobe sweep`` calls the same function)::
 
 The steps, each its own function: :func:`sweep_config` (what defines the folder),
 :func:`open_store` (the folder, this rank's shard), :func:`plan_batches` (the missing rows in
-packed batches), :func:`run_batch` (one generate call per strength), :func:`rows_from_outputs`
+packed batches), :func:`run_batch` (one generate call per strength), :func:`run_batches` (this rank's
+batches, each call's rows appended as they come), :func:`rows_from_outputs`
 (score the predictions), :func:`summarise` (summary and plots from every shard).
 
 Files in ``out``:
@@ -58,7 +59,7 @@ from .stats import mcnemar_exact, wilson_interval
 from .ruler import RulerTask
 from .tasks import ANSWER_MARGIN, DEFAULT_FORMAT, NIAHTask, answer_fraction, make_task
 
-__all__ = ["run_sweep", "SweepResult", "sweep_config", "open_store", "plan_batches", "SweepBatch", "run_batch",
+__all__ = ["run_sweep", "SweepResult", "sweep_config", "open_store", "plan_batches", "SweepBatch", "run_batch", "run_batches",
            "rows_from_outputs", "summarise", "ResultsStore", "load_results", "shard_path", "shard_paths",
            "summarize", "write_summary", "plot_summary", "validate_grid", "check_model", "model_fingerprint",
            "SweepError", "SUMMARY_FIELDS", "parse_int_list", "parse_float_list"]
@@ -625,21 +626,9 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         device_type = torch.device(getattr(model, "device", "cpu")).type
         batches = plan_batches(store.done, lengths, strengths, samples,
                                lambda L: batch_size or _default_batch(L, device_type, batch_tokens))
-        mine = batches[dist.rank()::dist.world_size()]
-        timings = Timings()
-        iv = Intervention(layers, heads, phase, allow_extrapolation)
-        bar = _progress(mine, nt.name) if progress else None
-        for batch in mine:
-            for rows in run_batch(model, nt, batch, samples=samples, seed=seed, iv=iv, decode=decode,
-                                  timings=timings, cuda_graph=cuda_graph):
-                with timings.time("write_s"):
-                    store.append(rows)
-                if bar is not None:
-                    bar.update(len(rows))
-                    bar.set_postfix(L=batch.length, s=f"{rows[0]['s']:g}",
-                                    tok_s=f"{timings['prompt_tokens'] / max(timings['model_s'], 1e-9):,.0f}")
-        if bar is not None:
-            bar.close()
+        timings = run_batches(model, nt, store, batches[dist.rank()::dist.world_size()], samples=samples,
+                              seed=seed, iv=Intervention(layers, heads, phase, allow_extrapolation),
+                              decode=decode, cuda_graph=cuda_graph, progress=progress)
     finally:
         if not isinstance(out, ResultsStore):
             store.close()
@@ -647,6 +636,26 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         summary = summarise(store.dir, ref_strength, title=f"{nt.name}, seed {seed}"
                             + (f", {model_id}" if model_id else ""))
     return SweepResult(summary, _finish_timings(timings, t_start))
+
+
+def run_batches(model, nt: NIAHTask, store: ResultsStore, batches, *, samples, seed, iv: Intervention, decode,
+                cuda_graph=True, progress=True) -> Timings:
+    """Run ``batches`` (:func:`run_batch` each), appending every generate call's rows to
+    ``store`` as they come; returns the time per phase and the token counts."""
+    timings = Timings()
+    bar = _progress(batches, nt.name) if progress else None
+    for batch in batches:
+        for rows in run_batch(model, nt, batch, samples=samples, seed=seed, iv=iv, decode=decode,
+                              timings=timings, cuda_graph=cuda_graph):
+            with timings.time("write_s"):
+                store.append(rows)
+            if bar is not None:
+                bar.update(len(rows))
+                bar.set_postfix(L=batch.length, s=f"{rows[0]['s']:g}",
+                                tok_s=f"{timings['prompt_tokens'] / max(timings['model_s'], 1e-9):,.0f}")
+    if bar is not None:
+        bar.close()
+    return timings
 
 
 def _progress(batches, name):
