@@ -18,7 +18,7 @@ from qedprobe.eval.eig import run_eig, task_batches
 from qedprobe.eval.sweep import SweepError, open_store
 from qedprobe.train import TrainConfig, train
 
-EIG = {"task": "s-niah-1", "length": 400, "samples": 3, "batch_size": 1}
+EIG = {"task": "s-niah-1", "length": 400, "samples": 3, "batch_size": 1, "format": "legacy"}
 TRAIN = {"model": {"hidden_size": 32, "num_hidden_layers": 1, "num_heads": 2, "head_dim": 8},
          "seq_len": 512, "batch_size": 2, "steps": 2, "warmup_steps": 1, "decay_steps": 1,
          "save_every": 1, "lr": 3e-3}
