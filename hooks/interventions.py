@@ -31,7 +31,7 @@ def zero_direction(d, hook):
 class DirectionReplacement:
     """Replace ``d`` with a direction built from fixed unit vectors ``z`` ``[H, K]``.
 
-    ``hooks(layers)`` returns the ``(name, fn)`` pairs: ``hook_k`` and ``hook_b`` record the
+    ``fwd_hooks(layers)`` returns the ``(name, fn)`` pairs: ``hook_k`` and ``hook_b`` record the
     layer's key and gate (they return None), ``hook_d`` returns the new direction.
     """
 
@@ -61,9 +61,10 @@ class DirectionReplacement:
             u = project_out(u, l2_normalize(self._k.pop(layer).to(d)))
         return u
 
-    def hooks(self, layers, mixer_name: str = "attn") -> list:
-        """Forward hooks for the given layer indices; ``mixer_name`` is the model's
-        (``model.mixer_name``: ``"linear_attn"`` for a transformers model from ``qedprobe.hf``)."""
+    def fwd_hooks(self, layers, mixer_name: str = "attn") -> list:
+        """``[(hook name, fn)]`` for the given layer indices, for ``run_with_hooks`` / ``model.hooks``;
+        ``mixer_name`` is the model's (``model.mixer_name``: ``"linear_attn"`` for a transformers
+        model from ``qedprobe.hf``)."""
         out = []
         for l in layers:
             out += [(f"blocks.{l}.{mixer_name}.hook_k", self._store(self._k)),

@@ -194,7 +194,7 @@ def test_direction_replacement_on_a_transformers_model_is_the_rand_arm():
     rand = inject_qed(model, 0.2, arm="rand", layers=[3], rand_seed=4)(ids)
     inject_qed(model, 0.2, arm="full", layers=[3])
     rep = DirectionReplacement(random_directions(4, 16, 4 + 3))
-    replaced = model.run_with_hooks(ids, fwd_hooks=rep.hooks([3], mixer_name=model.mixer_name))
+    replaced = model.run_with_hooks(ids, fwd_hooks=rep.fwd_hooks([3], mixer_name=model.mixer_name))
     torch.testing.assert_close(replaced, rand, rtol=0, atol=1e-6)
     assert float((replaced - model(ids)).abs().max()) > 1e-4
 

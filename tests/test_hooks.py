@@ -80,12 +80,12 @@ def test_direction_replacement_reproduces_the_rand_arm():
     x = ids()
     hooks = []
     for l in range(2):
-        hooks += DirectionReplacement(rand.blocks[l].attn.z).hooks([l])
+        hooks += DirectionReplacement(rand.blocks[l].attn.z).fwd_hooks([l])
     torch.testing.assert_close(full.run_with_hooks(x, fwd_hooks=hooks), rand(x), rtol=1e-5, atol=1e-6)
     assert (full(x) - rand(x)).abs().max() > 1e-4
     plain = DirectionReplacement(rand.blocks[0].attn.z, gate=False, project=False)
-    with full.hooks(fwd_hooks=plain.hooks([0])):
+    with full.hooks(fwd_hooks=plain.fwd_hooks([0])):
         _, cache = full.run_with_cache(x, names_filter="blocks.0.attn.hook_d")
     torch.testing.assert_close(cache["blocks.0.attn.hook_d"], rand.blocks[0].attn.z.expand(2, 11, 2, 16))
     with pytest.raises(ValueError, match=r"`z` has shape \(2, 8\)"):
-        full.run_with_hooks(x, fwd_hooks=DirectionReplacement(torch.ones(2, 8)).hooks([0]))
+        full.run_with_hooks(x, fwd_hooks=DirectionReplacement(torch.ones(2, 8)).fwd_hooks([0]))
