@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction
 
 from qedprobe.kernels.qed import chunk_intra, chunk_wy
 from qedprobe.kernels.qed.chunk_bwd import DSTATE_CONFIG, INTRA_BWD_CONFIG
-from qedprobe.kernels.qed.chunk_bwd_intra import qed_intra_bwd_kernel
+from qedprobe.kernels.qed.chunk_bwd_intra import qed_bwd_scores_kernel, qed_bwd_wy_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
 from qedprobe.kernels.qed.chunk_scan import qed_scan_kernel, scan_config
@@ -124,11 +124,16 @@ def backward(K: int, V: int, H: int = 16, warps: int | None = None):
                   DT=tl.float32, PREC="tf32x3", WHILE_LOOP=False, cu_seqlens=None, chunk_offsets=None),
              warps or DSTATE_CONFIG["num_warps"])
     BKS, BVS = min(INTRA_BWD_CONFIG["BKS"], BK), min(INTRA_BWD_CONFIG["BVS"], V)
-    compile_(qed_intra_bwd_kernel,
-             dict(ptr("QH KH A g AKK W U HS DO DU RS DH DQG DKG DGL DAQK DQ DK DA DG DWV"), T="i32", scale="fp32"),
-             dict(H=H, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
+    compile_(qed_bwd_wy_kernel,
+             dict(ptr("AKK W U HS DO DU RS DH DQG DKG DGL DAQK DG DWV"), T="i32"),
+             dict(H=H, K=K, V=V, BT=BT, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
                   IS_VARLEN=False, DT=tl.float32, PREC="tf32x3", cu_seqlens=None, chunk_indices=None),
-             warps or INTRA_BWD_CONFIG["num_warps"])
+             warps or INTRA_BWD_CONFIG["wy_warps"])
+    compile_(qed_bwd_scores_kernel,
+             dict(ptr("QH KH A g DAKK DQG DKG DGL DAQK DQ DK DA DG"), T="i32", scale="fp32"),
+             dict(H=H, K=K, BT=BT, BC=BC, BKS=BKS, IS_VARLEN=False, DT=tl.float32, PREC="tf32x3",
+                  cu_seqlens=None, chunk_indices=None),
+             warps or INTRA_BWD_CONFIG["scores_warps"])
 
 
 def main():

@@ -8,9 +8,9 @@ Split in two (``a`` the erase vector, ``wv = w * v``)::
 The core runs, after recomputing the forward's intra-chunk pieces (``chunk_intra``, in the state
 dtype) and the chunk-start states (``chunk_scan`` with ``HS``): ``chunk_bwd_scan`` (reverse
 scan over chunks: residuals, their gradient and the chunk-end state gradients) and
-``chunk_bwd_intra`` (per chunk: the products with the states, the UT-transform and
-score-matrix gradients, the decay gradient). The map is PyTorch autograd through
-``naive.prepare_qed`` (L2 norms, the arm's direction ``d``, ``a = b k + lam d``) and ``w * v``:
+``chunk_bwd_intra`` (per chunk: the products with the states and the UT-transform gradient;
+then per chunk and key slice: the score-matrix and decay gradients). The map is PyTorch
+autograd through ``naive.prepare_qed`` (L2 norms, the arm's direction ``d``, ``a = b k + lam d``) and ``w * v``:
 small elementwise and row-reduction work, the same code the reference runs forward.
 
 Grouped value heads: the core works per value head (``q_hat, k_hat`` expanded to ``HV`` heads
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .chunk_bwd_intra import qed_intra_bwd_kernel
+from .chunk_bwd_intra import qed_bwd_scores_kernel, qed_bwd_wy_kernel
 from .chunk_bwd_scan import qed_dstate_kernel
 from .chunk_common import BC, BT
 from .naive import prepare_qed
@@ -33,7 +33,9 @@ from .naive import prepare_qed
 DSTATE_CONFIG = {"BV": 32, "num_warps": 8}
 """Reverse-scan launch, fixed by rule: ptxas (sm_90, float32 state, tf32x3, K=V=128) spills
 less at these settings than at BV=64 / 4 warps (``bench/chunk_aot.py bwd``; docs/BENCHMARKS.md)."""
-INTRA_BWD_CONFIG = {"BKS": 32, "BVS": 32, "num_warps": 8}
+INTRA_BWD_CONFIG = {"BKS": 32, "BVS": 16, "wy_warps": 8, "scores_warps": 8}
+"""Slices and warps of the two intra-chunk backward kernels (by rule; ptxas figures in
+docs/BENCHMARKS.md)."""
 
 
 def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, lay, P):
@@ -75,13 +77,20 @@ def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, lay, P):
     dwv = torch.empty(B, T, HV, V, device=dev, dtype=ct)
     BKS = min(INTRA_BWD_CONFIG["BKS"], BK)
     BVS = min(INTRA_BWD_CONFIG["BVS"], triton.next_power_of_2(V))
-    qed_intra_bwd_kernel[lay.grid](
-        QH=q_hat.contiguous(), KH=k_hat.contiguous(), A=a.contiguous(), g=g.contiguous(), AKK=intra.ai,
-        W=wy.w, U=wy.u, HS=states, DO=do, DU=du, RS=rs, DH=dh, DQG=dqg, DKG=dkg, DGL=dgl, DAQK=daqk,
-        DQ=dq, DK=dk, DA=da, DG=dg, DWV=dwv, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices,
-        T=T, scale=P.scale, H=HV, K=K, V=V, BT=BT, BC=BC, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS),
-        NV=triton.cdiv(V, BVS), IS_VARLEN=lay.cu_seqlens is not None, DT=lay.DT, PREC=prec,
-        num_warps=INTRA_BWD_CONFIG["num_warps"], num_stages=1,
+    NK = triton.cdiv(K, BKS)
+    qed_bwd_wy_kernel[lay.grid](
+        AKK=intra.ai, W=wy.w, U=wy.u, HS=states, DO=do, DU=du, RS=rs, DH=dh, DQG=dqg, DKG=dkg, DGL=dgl,
+        DAQK=daqk, DG=dg, DWV=dwv, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        H=HV, K=K, V=V, BT=BT, BKS=BKS, BVS=BVS, NK=NK, NV=triton.cdiv(V, BVS),
+        IS_VARLEN=lay.cu_seqlens is not None, DT=lay.DT, PREC=prec, num_warps=INTRA_BWD_CONFIG["wy_warps"],
+        num_stages=1,
+    )
+    qed_bwd_scores_kernel[(*lay.grid, NK)](
+        QH=q_hat.contiguous(), KH=k_hat.contiguous(), A=a.contiguous(), g=g.contiguous(), DAKK=intra.ai,
+        DQG=dqg, DKG=dkg, DGL=dgl, DAQK=daqk, DQ=dq, DK=dk, DA=da, DG=dg,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=P.scale,
+        H=HV, K=K, BT=BT, BC=BC, BKS=BKS, IS_VARLEN=lay.cu_seqlens is not None, DT=lay.DT, PREC=prec,
+        num_warps=INTRA_BWD_CONFIG["scores_warps"], num_stages=1,
     )
     return dq, dk, da, dwv, dg, dh0
 

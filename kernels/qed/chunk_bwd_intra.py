@@ -17,8 +17,11 @@ what ``chunk_bwd_scan`` produced (``R``, ``dU = dR``, ``dS1``)::
         dG += dqg qg + d(a e^G) a e^G - dkg kg,  dG_last += sum_t dkg kg + dgamma gamma
     dg_t = sum_{s >= t} dG_s + dG_last                       (G is the cumsum of g)
 
-One program per chunk and head (``dqg, dkg, dgamma, dA_qk`` go through the scratch buffers
-``DQG, DKG, DGL, DAQK``). The score terms go by ``BC = 16``-token blocks: off-diagonal
+Two kernels: ``qed_bwd_wy_kernel`` (one program per chunk and head: every product over the
+value axis or over all keys: ``d(wv)``, ``dA_qk``, ``dqg, dkg, dgamma``, ``d(a e^G)``, ``dA_kk``,
+through the scratch buffers ``DQG, DKG, DGL, DAQK, DG`` and ``AKK``), then
+``qed_bwd_scores_kernel`` (one program per chunk, head and key slice: the rest is channel-local
+once ``dA`` is known). The score terms go by ``BC = 16``-token blocks: off-diagonal
 blocks as tensor-core products with a reference point inside the pair (both decay factors
 <= 1), diagonal blocks with exact per-element decays ``e^{G_t - G_j} <= 1`` (``t >= j``); so any
 ``g <= 0`` is safe. ``dA_kk`` is written over the ``AKK`` scratch (it held ``Tm``); the score
@@ -126,14 +129,15 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, 
 
 
 @triton.jit(do_not_specialize=['T'])
-def qed_intra_bwd_kernel(
-    QH, KH, A, g, AKK, W, U, HS, DO, DU, RS, DH, DQG, DKG, DGL, DAQK,
-    DQ, DK, DA, DG, DWV,
-    cu_seqlens, chunk_indices, T, scale,
+def qed_bwd_wy_kernel(
+    AKK, W, U, HS, DO, DU, RS, DH, DQG, DKG, DGL, DAQK, DG, DWV,
+    cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr,
+    BT: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr,
     NV: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
+    """Per chunk: ``d(wv)``, ``dA_qk``, ``dqg, dkg, dgamma``, ``d(a e^G)`` and ``dA_kk`` (over
+    ``AKK``, which held ``Tm``): every term that sums over the value axis or over all keys."""
     i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
 
     o_t = tl.arange(0, BT)
@@ -178,43 +182,56 @@ def qed_intra_bwd_kernel(
         _put(DKG + off, dkg, rows, m_t, cols, m_c, H * K)
         tl.store(DGL + (i_g * H + i_h) * K + cols, dgam.to(DGL.dtype.element_ty), mask=m_c)
         dag = tl.dot(tl.trans(Tm), dw, input_precision=PREC)
-        _put(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read back below
+        _put(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read by qed_bwd_scores_kernel
         dAkk -= tl.dot(dag, tl.trans(_tile(W + off, rows, m_t, cols, m_c, H * K, DT)), input_precision=PREC)
     dAkk = tl.where(o_t[:, None] > o_t[None, :], dAkk, 0.)
     tl.debug_barrier()
     _put(AKK, dAkk, rows, m_t, o_t, o_t < BT, H * BT)  # AKK now holds dA_kk
-    tl.debug_barrier()
 
-    # ---- per key-channel slice: score terms per row block (to DQ, DA, DK), then the
-    # elementwise terms and the reverse cumsum of dG over the whole chunk
-    QH, KH, A, g, DQ, DA, DK, DG = shifted((QH, KH, A, g, DQ, DA, DK, DG), off)
+
+@triton.jit(do_not_specialize=['T'])
+def qed_bwd_scores_kernel(
+    QH, KH, A, g, DAKK, DQG, DKG, DGL, DAQK, DQ, DK, DA, DG,
+    cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Per chunk and key slice ``i_k = program_id(2)``: the score terms per row block (to ``DQ,
+    DA, DK``), then the elementwise terms and the reverse cumsum of ``dG`` over the chunk."""
+    i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    i_k = tl.program_id(2)
+    o_t = tl.arange(0, BT)
+    rows = bos + i_t * BT + o_t
+    m_t = rows < eos
+    DAKK, DAQK = shifted((DAKK, DAQK), i_h * BT)
+    off = i_h * K
+    QH, KH, A, g, DQ, DA, DK, DG, DQG, DKG = shifted((QH, KH, A, g, DQ, DA, DK, DG, DQG, DKG), off)
     r0 = bos + i_t * BT
-    for i_k in range(NK):
-        cols, m_c = channel_slice(i_k, BKS, K)
-        g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
-        for I in tl.static_range(BT // BC):
-            _block_terms(QH, KH, A, g, DAQK, AKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
-                         I, H, K, BT, BC, DT, PREC)
-        tl.debug_barrier()
-        G = tl.cumsum(g_f, 0)
-        gl = tl.sum(g_f, 0)
-        qs = _tile(QH, rows, m_t, cols, m_c, H * K, DT) * scale
-        kh = _tile(KH, rows, m_t, cols, m_c, H * K, DT)
-        a = _tile(A, rows, m_t, cols, m_c, H * K, DT)
-        dqp = _tile(DQ, rows, m_t, cols, m_c, H * K, DT)
-        dap = _tile(DA, rows, m_t, cols, m_c, H * K, DT)
-        dkp = _tile(DK, rows, m_t, cols, m_c, H * K, DT)
-        eg = tl.where(m_t[:, None], tl.exp(G), 0.)
-        ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
-        dqg = _tile(DQG + off, rows, m_t, cols, m_c, H * K, DT)
-        dkg = _tile(DKG + off, rows, m_t, cols, m_c, H * K, DT)
-        dag = _tile(DG, rows, m_t, cols, m_c, H * K, DT)
-        dgam = tl.load(DGL + (i_g * H + i_h) * K + cols, mask=m_c, other=0.).to(DT)
-        kgd = dkg * kh * ekl
-        dG = dqg * qs * eg + dag * a * eg - kgd + qs * dqp + a * dap - kh * dkp
-        dgl = tl.sum(kgd, 0) + dgam * tl.exp(gl)
-        tl.debug_barrier()
-        _put(DQ, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
-        _put(DA, dag * eg + dap, rows, m_t, cols, m_c, H * K)
-        _put(DK, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
-        _put(DG, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)
+    cols, m_c = channel_slice(i_k, BKS, K)
+    g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
+    for I in tl.static_range(BT // BC):
+        _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
+                     I, H, K, BT, BC, DT, PREC)
+    tl.debug_barrier()
+    G = tl.cumsum(g_f, 0)
+    gl = tl.sum(g_f, 0)
+    qs = _tile(QH, rows, m_t, cols, m_c, H * K, DT) * scale
+    kh = _tile(KH, rows, m_t, cols, m_c, H * K, DT)
+    a = _tile(A, rows, m_t, cols, m_c, H * K, DT)
+    dqp = _tile(DQ, rows, m_t, cols, m_c, H * K, DT)
+    dap = _tile(DA, rows, m_t, cols, m_c, H * K, DT)
+    dkp = _tile(DK, rows, m_t, cols, m_c, H * K, DT)
+    eg = tl.where(m_t[:, None], tl.exp(G), 0.)
+    ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
+    dqg = _tile(DQG, rows, m_t, cols, m_c, H * K, DT)
+    dkg = _tile(DKG, rows, m_t, cols, m_c, H * K, DT)
+    dag = _tile(DG, rows, m_t, cols, m_c, H * K, DT)
+    dgam = tl.load(DGL + (i_g * H + i_h) * K + cols, mask=m_c, other=0.).to(DT)
+    kgd = dkg * kh * ekl
+    dG = dqg * qs * eg + dag * a * eg - kgd + qs * dqp + a * dap - kh * dkp
+    dgl = tl.sum(kgd, 0) + dgam * tl.exp(gl)
+    tl.debug_barrier()
+    _put(DQ, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
+    _put(DA, dag * eg + dap, rows, m_t, cols, m_c, H * K)
+    _put(DK, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
+    _put(DG, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)
