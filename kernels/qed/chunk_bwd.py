@@ -65,10 +65,9 @@ def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, lay, P):
     wy, prep = intra.wy, intra.prep
     qed_dstate_kernel[(triton.cdiv(V, BV), N * HV)](
         W=wy.w, U=wy.u, KG=prep.kg, QG=prep.qg, AQK=intra.scores.aqk, GL=prep.gl, HS=states, DO=do,
-        DHT=dht.contiguous() if dht is not None else dh0, DU=du, RS=rs, DH=dh, DH0=dh0,
+        DHT=dht.contiguous() if dht is not None else None, DU=du, RS=rs, DH=dh, DH0=dh0,
         cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T, H=HV, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        USE_DHT=dht is not None, IS_VARLEN=lay.cu_seqlens is not None, DT=lay.DT, PREC=prec,
-        WHILE_LOOP=lay.interpreting, num_warps=DSTATE_CONFIG["num_warps"], num_stages=1,
+        DT=lay.DT, PREC=prec, WHILE_LOOP=lay.interpreting, num_warps=DSTATE_CONFIG["num_warps"], num_stages=1,
     )
 
     dq, dk, da, dg, dqg, dkg = (torch.empty(B, T, HV, K, device=dev, dtype=ct) for _ in range(6))
@@ -82,14 +81,14 @@ def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, lay, P):
         AKK=intra.ai, W=wy.w, U=wy.u, HS=states, DO=do, DU=du, RS=rs, DH=dh, DQG=dqg, DKG=dkg, DGL=dgl,
         DAQK=daqk, DG=dg, DWV=dwv, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=HV, K=K, V=V, BT=BT, BKS=BKS, BVS=BVS, NK=NK, NV=triton.cdiv(V, BVS),
-        IS_VARLEN=lay.cu_seqlens is not None, DT=lay.DT, PREC=prec, num_warps=INTRA_BWD_CONFIG["wy_warps"],
+        DT=lay.DT, PREC=prec, num_warps=INTRA_BWD_CONFIG["wy_warps"],
         num_stages=1,
     )
     qed_bwd_scores_kernel[(*lay.grid, NK)](
         QH=q_hat.contiguous(), KH=k_hat.contiguous(), A=a.contiguous(), g=g.contiguous(), DAKK=intra.ai,
         DQG=dqg, DKG=dkg, DGL=dgl, DAQK=daqk, DQ=dq, DK=dk, DA=da, DG=dg,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=P.scale,
-        H=HV, K=K, BT=BT, BC=BC, BKS=BKS, IS_VARLEN=lay.cu_seqlens is not None, DT=lay.DT, PREC=prec,
+        H=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, PREC=prec,
         num_warps=INTRA_BWD_CONFIG["scores_warps"], num_stages=1,
     )
     return dq, dk, da, dwv, dg, dh0

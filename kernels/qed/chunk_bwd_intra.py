@@ -128,6 +128,7 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, 
     _put(DK, dk, rI, mI, cols, m_c, H * K)
 
 
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=['T'])
 def qed_bwd_wy_kernel(
     AKK, W, U, HS, DO, DU, RS, DH, DQG, DKG, DGL, DAQK, DG, DWV,
@@ -189,6 +190,7 @@ def qed_bwd_wy_kernel(
     _put(AKK, dAkk, rows, m_t, o_t, o_t < BT, H * BT)  # AKK now holds dA_kk
 
 
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=['T'])
 def qed_bwd_scores_kernel(
     QH, KH, A, g, DAKK, DQG, DKG, DGL, DAQK, DQ, DK, DA, DG,

@@ -52,6 +52,10 @@ def _chunk_back(dS, i_t, bos, eos, c0, i_h, o_t, o_k, o_v, m_k, m_v, causal,
             - tl.dot(tl.trans(b_w), b_dr, input_precision=PREC) + b_gl[:, None] * dS)
 
 
+@triton.heuristics({
+    "USE_DHT": lambda args: args["DHT"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+})
 @triton.jit(do_not_specialize=['T'])
 def qed_dstate_kernel(
     W, U, KG, QG, AQK, GL, HS, DO, DHT, DU, RS, DH, DH0,
