@@ -1,5 +1,6 @@
-"""Kernel benchmark: qed_chunk / qed_recurrent against fla 0.6.0, every row of issue #12 in one
-process (CUDA only; not a test).
+"""Kernel benchmark: qed_chunk and qed_recurrent against fla 0.6.0 in one process (issue #12).
+
+CUDA only; not a test.
 
     PYTHONUNBUFFERED=1 python3 bench/kernels.py [--json PATH] [--commit SHA] [--budget S] [--quick] [--parts] [--dplr]
 
@@ -45,6 +46,10 @@ from qedprobe.kernels.qed.chunk import qed_chunk
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = "cuda"
 MAIN = dict(B=8, T=4096, H=16, HV=16, K=128, V=128)
+GROUPED = dict(B=4, T=4096, H=16, HV=32, K=128, V=128)
+SMALL = [dict(B=2, T=T, H=4, HV=4, K=128, V=128) for T in (600, 1000, 2048, 4096)]
+"""The shapes run before the main shape is timed again (the order-independence check)."""
+T_SWEEP, SWEEP_TOKENS = (1024, 2048, 4096, 8192, 16384, 32768), 32768
 GRAD_WRT = ("q", "k", "v", "g", "b", "w", "lam")
 
 
@@ -126,8 +131,8 @@ class Rows:
 
 def order_check(rows: Rows, x, fresh_ms: float):
     """Forwards on smaller shapes, then the main shape again: its time relative to the fresh one."""
-    for T in (600, 1000, 2048, 4096):
-        small = inputs(2, T, 4, 4, 128, 128, seed=T)
+    for shape in SMALL:
+        small = inputs(**shape, seed=shape["T"])
         qed_fn(small)()
         qed_fn(small, probes=True)()
     torch.cuda.synchronize()
@@ -136,11 +141,11 @@ def order_check(rows: Rows, x, fresh_ms: float):
 
 
 def t_sweep(rows: Rows, fla: bool, left):
-    for T in (1024, 2048, 4096, 8192, 16384, 32768):
+    for T in T_SWEEP:
         if left() < 30:
             P("budget: T sweep cut")
             return
-        xn = inputs(max(1, 32768 // T), T, 16, 16, 128, 128)
+        xn = inputs(max(1, SWEEP_TOKENS // T), T, MAIN["H"], MAIN["HV"], MAIN["K"], MAIN["V"])
         f_ms = rows.add("fla chunk_gdn2 fwd", shape_of(xn), ms(fla_fn(xn))) if fla else None
         rows.add("qed_chunk fwd (full)", shape_of(xn), ms(qed_fn(xn)), f_ms)
         rows.add("qed_chunk fwd (full) + probes", shape_of(xn), ms(qed_fn(xn, probes=True)), f_ms)
@@ -221,7 +226,7 @@ def main() -> int:
                 break
             rows.add(f"qed_chunk {arm}{' + probes' if probes else ''}", main, ms(qed_fn(x, arm, probes)), fla_ms)
     if left() > 20:
-        xg = inputs(B=4, T=4096, H=16, HV=32, K=128, V=128)
+        xg = inputs(**GROUPED)
         f_ms = rows.add("fla chunk_gdn2 fwd (grouped heads)", shape_of(xg), ms(fla_fn(xg))) if have_fla else None
         rows.add("qed_chunk fwd (full, grouped heads)", shape_of(xg), ms(qed_fn(xg)), f_ms)
         del xg
