@@ -11,7 +11,8 @@ import sys
 
 from qedprobe.cliutil import HelpFormatter, join_negative_values
 
-COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands", "qedprobe.train.commands")
+COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands", "qedprobe.train.commands",
+                   "qedprobe.train.bpe")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Train GPU checkpoints with the recall recipe (docs/TRAINING.md) for as many steps as a time
-# budget affords, the step count measured rather than guessed:
+# Train GPU checkpoints with a recipe (RECIPE, default the recall recipe of docs/TRAINING.md) for
+# as many steps as a time budget affords, the step count measured rather than guessed:
 # 1. a 40-step probe of all the runs at once (scripts/train_checkpoints.sh into /tmp/probe) gives
 #    the median seconds per step under that load;
 # 2. the real runs get STEPS = (what is left of BUDGET - 120 s for start-up and export) / that,
@@ -9,15 +9,17 @@
 # that started it (the machine stays up while calls follow within its 30 s of warmth):
 #   setsid nohup bash scripts/h200_recall_train.sh > /tmp/recall-train.out 2>&1 < /dev/null &
 # Environment: BUDGET (seconds from now until the checkpoints must exist, default 1000), ARMS
-# (default "gdn2 full"), SEEDS (default "0 1"), GPU_IDS (default 0), PER_GPU (default: all runs
-# at once), RECIPE (training flags, default below), CKPT / RUNS (default /tmp/ckpt, /tmp/runs).
+# (default "gdn2 full"; <arm>@<L> trains with lambda_max L), SEEDS (default "0 1"), PREFIX
+# (run-name prefix, default none), GPU_IDS (default 0), PER_GPU (default: all runs at once),
+# RECIPE (training flags, default below), CKPT / RUNS (default /tmp/ckpt, /tmp/runs).
+# scripts/h200_interference_train.sh calls it with the interference recipe.
 # Expects qedprobe installed where `python3 -P` finds it (e.g. PYTHONPATH=/tmp/site).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 BUDGET=${BUDGET:-1000}
 RECIPE=${RECIPE:---mixture short --loss answer --decay-a 0.5,2 --decay-dt 0.0001,0.1}
-export ARMS=${ARMS:-gdn2 full} SEEDS=${SEEDS:-0 1} GPU_IDS=${GPU_IDS:-0}
+export ARMS=${ARMS:-gdn2 full} SEEDS=${SEEDS:-0 1} GPU_IDS=${GPU_IDS:-0} PREFIX=${PREFIX:-}
 [[ -n "${PER_GPU:-}" ]] && export PER_GPU
 
 RUNS=/tmp/probe CKPT=/tmp/probe-ckpt EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40 $RECIPE" \
@@ -29,4 +31,4 @@ echo "probe: $STEP_S s/step (slowest run); $LEFT s left -> $STEPS steps"
 RUNS=${RUNS:-/tmp/runs} CKPT=${CKPT:-/tmp/ckpt} \
     EXTRA="--steps $STEPS --warmup 100 --decay $((STEPS / 5)) --save-every 500 $RECIPE" \
     bash scripts/train_checkpoints.sh "$((BUDGET - ($(date +%s) - START) - 30))"
-echo "recall training done after $(($(date +%s) - START)) s"
+echo "training done after $(($(date +%s) - START)) s"

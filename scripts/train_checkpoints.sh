@@ -5,9 +5,10 @@
 #
 #   scripts/train_checkpoints.sh [BUDGET_SECONDS]
 #
-# Run folders go to $RUNS/<arm>-s<seed>/ (fp32 checkpoints, loss.jsonl, train.log), the frozen
-# bf16 models + MODEL_CARD.md to $CKPT/<arm>-s<seed>/. The runs are dealt round-robin over the
-# visible GPUs; each GPU runs PER_GPU of them at once (a model this small leaves most of an H200
+# Run folders go to $RUNS/<name>/ (fp32 checkpoints, loss.jsonl, train.log), the frozen bf16
+# models + MODEL_CARD.md to $CKPT/<name>/, <name> = $PREFIX<arm>-s<seed>, or
+# $PREFIX<arm>-lm<L>-s<seed> for an ARMS entry <arm>@<L> (trained with --lambda-max L, e.g.
+# full@1.0). The runs are dealt round-robin over the visible GPUs; each GPU runs PER_GPU of them at once (a model this small leaves most of an H200
 # idle, so several processes share one), the rest of its share one after the other.
 # Everything resumes: with BUDGET_SECONDS every run stops (checkpointed) before the budget of
 # this call is spent; call the script again to continue. Finished runs (a model card exists)
@@ -16,13 +17,15 @@
 # Environment: PY (python, default: python3 -P, so that the installed qedprobe is imported and
 # not the source folder of the current directory), GPU_IDS (GPUs to use, default: all visible),
 # PER_GPU (runs at once per GPU, default: all of its share), SEEDS (default "0 1"), ARMS
-# (default: all six), EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 800 --decay 160").
+# (default: all six; an entry <arm>@<L> sets lambda_max), PREFIX (run-name prefix, default none),
+# EXTRA (more `qedprobe train` flags for every run, e.g. "--steps 800 --decay 160").
 # A timing probe before the real thing:
 #   EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40" RUNS=/tmp/probe CKPT=/tmp/probe-ckpt \
 #     SEEDS=0 GPU_IDS=0 scripts/train_checkpoints.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3 -P}
+PREFIX=${PREFIX:-}
 RUNS=${RUNS:-runs/train}
 CKPT=${CKPT:-checkpoints}
 EXTRA=${EXTRA:-}
@@ -38,21 +41,24 @@ PER_GPU=${PER_GPU:-$(((${#JOBS[@]} + NGPU - 1) / NGPU))}
 mkdir -p "$RUNS" "$CKPT"
 
 run_slot() {  # run_slot GPU SLOT: the jobs i with i % NGPU == GPU and (i / NGPU) % PER_GPU == SLOT, in turn
-    local gpu=$1 slot=$2 i arm seed left limit
+    local gpu=$1 slot=$2 i entry arm seed name left limit lam
     for ((i = gpu + slot * NGPU; i < ${#JOBS[@]}; i += NGPU * PER_GPU)); do
-        read -r arm seed <<< "${JOBS[$i]}"
-        [[ -f "$CKPT/$arm-s$seed/MODEL_CARD.md" ]] && { echo "skip $arm-s$seed (done)"; continue; }
+        read -r entry seed <<< "${JOBS[$i]}"
+        arm=${entry%@*} lam=()
+        name=$PREFIX$arm-s$seed
+        [[ $entry == *@* ]] && { lam=(--lambda-max "${entry#*@}"); name=$PREFIX$arm-lm${entry#*@}-s$seed; }
+        [[ -f "$CKPT/$name/MODEL_CARD.md" ]] && { echo "skip $name (done)"; continue; }
         limit=()
         if [[ -n "$BUDGET" ]]; then
             left=$((BUDGET - ($(date +%s) - START) - 60))  # 60 s for start-up, checkpoint, export
-            ((left > 60)) || { echo "skip $arm-s$seed (budget spent)"; continue; }
+            ((left > 60)) || { echo "skip $name (budget spent)"; continue; }
             limit=(--max-seconds "$left")
         fi
-        echo "GPU ${GPU_LIST[$gpu]} slot $slot: $arm seed $seed"
+        echo "GPU ${GPU_LIST[$gpu]} slot $slot: $name"
         # shellcheck disable=SC2086
         CUDA_VISIBLE_DEVICES=${GPU_LIST[$gpu]} $PY -m qedprobe.train --preset small --arm "$arm" --seed "$seed" \
-            --out "$RUNS/$arm-s$seed" --export "$CKPT/$arm-s$seed" --print-every 100 "${limit[@]}" $EXTRA \
-            >> "$RUNS/$arm-s$seed.stdout" 2>&1 || echo "FAILED $arm-s$seed (see $RUNS/$arm-s$seed.stdout)"
+            --out "$RUNS/$name" --export "$CKPT/$name" --print-every 100 "${lam[@]}" "${limit[@]}" $EXTRA \
+            >> "$RUNS/$name.stdout" 2>&1 || echo "FAILED $name (see $RUNS/$name.stdout)"
     done
 }
 

@@ -39,7 +39,8 @@ def _common_model_args(p):
                         "Qwen3-Next / OLMo-Hybrid folder (qedprobe.hf)")
     p.add_argument("--tokenizer", default=None,
                    help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder "
-                        "(default: bytes; for a transformers --model folder, its own tokenizer)")
+                        "(default: the --model folder when it is a transformers folder or holds a "
+                        "tokenizer.json, else bytes)")
     p.add_argument("--qed-lambda", type=float, default=None,
                    help="transformers --model only: inject QED with this lambda on every "
                         "linear-attention head (default: none, the model as trained)")
@@ -86,6 +87,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="legacy only: tokens generated per prompt, >= 1 (default: 16 for numbers, 48 for "
                         "UUIDs; ruler: 128)")
+    p.add_argument("--control", default=None, choices=("foreign-key",),
+                   help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
+                        "(qedprobe.eval.control; a key-matching model falls to <= 1/num_needles)")
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
     p.add_argument("--eager-decode", action="store_true",
                    help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
@@ -160,11 +164,14 @@ def _is_transformers(args) -> bool:
     return is_transformers_folder(args.model)
 
 
-def _tokenizer_spec(args):
-    """--tokenizer, by default the transformers --model folder itself, else bytes."""
+def tokenizer_spec(args) -> str:
+    """``--tokenizer`` as given; when not given, the ``--model`` folder if it is a transformers
+    folder or holds a ``tokenizer.json`` (``qedprobe train --tokenizer`` ships it there), else
+    ``"bytes"``."""
     if args.tokenizer is not None:
         return args.tokenizer
-    return args.model if _is_transformers(args) else "bytes"
+    own = _is_transformers(args) or (Path(args.model) / "tokenizer.json").is_file()
+    return args.model if own else "bytes"
 
 
 def _rank_device_dtype(args):
@@ -217,6 +224,7 @@ def run_sweep_cmd(args) -> int:
 
     from qedprobe.model.checkpoint import state_dict_sha256
 
+    from .control import ForeignKeyTask
     from .sweep import check_model, open_store, run_sweep, sweep_config, validate_grid
     from .tasks import make_task
     try:
@@ -225,11 +233,16 @@ def run_sweep_cmd(args) -> int:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.batch_size is not None and args.batch_size < 1:
             raise SweepError("--batch-size must be >= 1")
+        if args.control is not None and (args.task != "mk-niah" or args.format != "legacy"):
+            raise SweepError(f"--control {args.control} needs --format legacy --task mk-niah, "
+                             f"got --format {args.format} --task {args.task}")
         try:
-            nt = make_task(args.task, _tokenizer_spec(args), format=args.format,
-                           haystack_file=args.haystack_file,
-                           num_needles=args.num_needles, max_new_tokens=args.max_new_tokens,
-                           haystack=args.haystack)
+            task_kw = dict(haystack_file=args.haystack_file, num_needles=args.num_needles,
+                           max_new_tokens=args.max_new_tokens, haystack=args.haystack)
+            if args.control:
+                nt = ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
+            else:
+                nt = make_task(args.task, tokenizer_spec(args), format=args.format, **task_kw)
         except (TokenizerError, OSError, ValueError) as exc:
             raise SweepError(str(exc)) from None
         validate_grid(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation)
@@ -315,7 +328,7 @@ def run_eig_cmd(args) -> int:
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
         try:
-            tok = load_tokenizer(_tokenizer_spec(args))
+            tok = load_tokenizer(tokenizer_spec(args))
             if args.text is not None:
                 if not Path(args.text).is_file():
                     raise SweepError(f"--text {args.text!r} is not a file")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +38,7 @@ def write_model_card(folder: Path, *, title: str, model_cfg: dict, train_cfg: di
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items())
     text = f"""# {title}
 
-A small QED language model trained with `qedprobe train` (byte-level, NIAH retrieval mixture).
+A small QED language model trained with `qedprobe train` (NIAH retrieval mixture).
 Frozen for analysis: load with `QEDModel.from_pretrained(path)`. Weights are bf16
 (`model.safetensors`); the float32 master weights and optimizer state stay in the run folder.
 
@@ -77,11 +78,26 @@ a seed stream. See `qedprobe/train/data.py`.
     return path
 
 
+def copy_tokenizer(tokenizer: str, folder: Path) -> None:
+    """Copy a tokenizer folder's files (:data:`qedprobe.train.bpe.FILES`, those present) into
+    ``folder``; nothing for ``"bytes"``."""
+    if tokenizer == "bytes":
+        return
+    from .bpe import FILES
+
+    for name in FILES:
+        src = Path(tokenizer) / name
+        if src.is_file():
+            shutil.copyfile(src, Path(folder) / name)
+
+
 def export(model, cfg, data, out_dir: Path, export_dir: Path,
             records: list[dict], device: torch.device, op_used: str) -> float:
-    """bf16 copy of the model + ``MODEL_CARD.md`` into ``export_dir``; returns the final loss."""
+    """bf16 copy of the model + ``MODEL_CARD.md`` into ``export_dir``, with the tokenizer's files
+    when it is a folder (so that evaluation reads it from the model folder); returns the final loss."""
     frozen = copy.deepcopy(model).to(torch.bfloat16)
     frozen.save_pretrained(export_dir)
+    copy_tokenizer(cfg.tokenizer, export_dir)
     last = records[-FINAL_WINDOW:]
     final_loss = sum(r["loss"] for r in last) / len(last)
     weights = export_dir / "model.safetensors"
@@ -91,7 +107,9 @@ def export(model, cfg, data, out_dir: Path, export_dir: Path,
         f"final loss (nats/token, mean of last {len(last)} steps, loss={cfg.loss!r})": f"{final_loss:.4f}",
         "final answer loss / answer token accuracy (last step)":
             f"{records[-1]['answer_loss']:.4f} / {records[-1]['answer_acc']:.4f}",
+        "final key-token accuracy (last step; chance about 1/needles)": f"{records[-1].get('key_acc', 0.0):.4f}",
         "final mean lambda": f"{records[-1]['lambda_mean']:.5f}",
+        "tokenizer": "bytes" if cfg.tokenizer == "bytes" else "BPE (tokenizer.json in this folder)",
         "parameters": sum(p.numel() for p in model.parameters()),
         "weights file": f"{weights.stat().st_size / 2**20:.2f} MiB (bf16)",
         "wall time": f"{records[-1]['wall_s']:.1f} s",

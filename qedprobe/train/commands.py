@@ -26,11 +26,11 @@ from .trainer import resolve_device, train
 FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "batch_size",
           "accum": "accum", "steps": "steps", "lr": "lr", "warmup": "warmup_steps",
           "decay": "decay_steps", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
-          "clip": "clip", "loss": "loss", "mixture": "mixture", "save_every": "save_every",
-          "device": "device"}
+          "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
+          "tokenizer": "tokenizer", "save_every": "save_every", "device": "device"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
-                "head_dim": "head_dim", "op_mode": "op_mode", "decay_a": "decay_a_range",
-                "decay_dt": "decay_dt_range"}
+                "head_dim": "head_dim", "lambda_max": "lambda_max", "op_mode": "op_mode",
+                "decay_a": "decay_a_range", "decay_dt": "decay_dt_range"}
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -72,8 +72,9 @@ def _progress(cfg: TrainConfig, every: int, enabled: bool):
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         if every and (rec["step"] % every == 0 or rec["step"] == cfg.steps):
             tqdm.write(f"step {rec['step']:>6}/{cfg.steps}  loss {rec['loss']:.4f}  answer {rec['answer_loss']:.4f} "
-                       f"(acc {rec['answer_acc']:.3f})  lr {rec['lr']:.2e}  |g| {rec['grad_norm']:.2f}  "
-                       f"lambda {rec['lambda_mean']:.4f}  {rec['step_s']:.2f}s/step", file=sys.stdout)
+                       f"(acc {rec['answer_acc']:.3f}, key {rec['key_acc']:.3f})  lr {rec['lr']:.2e}  "
+                       f"|g| {rec['grad_norm']:.2f}  lambda {rec['lambda_mean']:.4f}  {rec['step_s']:.2f}s/step",
+                       file=sys.stdout)
 
     def close() -> None:
         if bar is not None:
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train or resume a small QED checkpoint (NIAH byte-level mixture)",
+    p = subparsers.add_parser("train", help="train or resume a small QED checkpoint (NIAH mixtures)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run folder (checkpoints, loss.jsonl, train.log)")
     p.add_argument("--export", default=None, help="where the final bf16 model + MODEL_CARD.md go (default OUT/final)")
@@ -124,6 +125,7 @@ def register(subparsers) -> None:
     g.add_argument("--layers", type=int)
     g.add_argument("--heads", type=int)
     g.add_argument("--head-dim", type=int)
+    g.add_argument("--lambda-max", type=float, help="lambda = lambda_max * sigmoid(theta) (default 0.25)")
     g.add_argument("--op-mode", choices=MODES, help="QED op the model calls (default auto)")
     g.add_argument("--decay-a", type=_pair, metavar="LOW,HIGH",
                    help="initial A range of the log-decay (default fla's 1,16)")
@@ -132,6 +134,10 @@ def register(subparsers) -> None:
     g = p.add_argument_group("data and optimisation (override the preset)")
     g.add_argument("--mixture", choices=sorted(MIXTURES))
     g.add_argument("--loss", choices=LOSSES, help="all: every non-PAD token (default); answer: answer values only")
+    g.add_argument("--key-weight", type=float,
+                   help="loss weight of the key-dependent answer tokens (default 1: like every other)")
+    g.add_argument("--tokenizer", help="'bytes' (default) or a tokenizer folder (qedprobe train-tokenizer); "
+                                       "copied into the exported model folder")
     g.add_argument("--seq-len", type=int)
     g.add_argument("--batch-size", type=int, help="rows per micro-batch")
     g.add_argument("--accum", type=int, help="micro-batches per step")

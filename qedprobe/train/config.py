@@ -46,7 +46,9 @@ class TrainConfig:
     vocabulary comes from the tokenizer and the arm from ``arm``. A step sees
     ``batch_size * accum`` rows of ``seq_len`` tokens (``accum`` micro-batches of
     ``batch_size``). ``loss``: ``"all"`` (next-token loss on every non-PAD target, the default:
-    a language model) or ``"answer"`` (only the answer values). ``device="auto"`` is CUDA when
+    a language model) or ``"answer"`` (only the answer values); ``key_weight`` is the weight of the key-dependent answer
+tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_weights`).
+``device="auto"`` is CUDA when
     available; bf16 autocast is used on CUDA only, with float32 master weights. ``op_fallback``:
     when the configured op has no backward on the device, train with the PyTorch reference
     (logged as a warning) instead of stopping.
@@ -71,6 +73,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.0
     clip: float = 1.0
     loss: str = "all"
+    key_weight: float = 1.0
     save_every: int = 500
     device: str = "auto"
     op_fallback: bool = True
@@ -84,7 +87,7 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig: `{name}` must be an int >= 0, got {value!r}")
-        for name in ("lr", "theta_lr_mult", "eps", "clip"):
+        for name in ("lr", "theta_lr_mult", "eps", "clip", "key_weight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"TrainConfig: `{name}` must be a positive finite number, got {value!r}")

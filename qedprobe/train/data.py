@@ -26,8 +26,23 @@ draw keys, values and haystack offsets from different seed streams (``tests/test
 checks that no prompt and no asked (key, value) pair is shared). The haystack texts (the noise
 sentences and the shipped prose file) are shared: they are the filler, not the answer.
 
-Targets are the next tokens; the batch carries two masks over targets: ``valid`` (not PAD) and
-``answer`` (the value's tokens, what RULER scores).
+Multi-query documents (components with ``queries="all"``, MK-NIAH only): after the sample's own
+question and answer, every other needle is asked too, in a random order, each query line being
+the sample's last prompt line (question and answer prefix) with the asked key replaced
+(:func:`qedprobe.eval.control.query_line`)::
+
+    ... {question(k0)} {prefix(k0)} {v0}.\n{question(k3)} {prefix(k3)} {v3}.\n ... [EOS]
+
+so one haystack supervises every key-value pair (dense supervision, as in multi-query
+associative recall). The sample is drawn that many query lines shorter, so the document still
+fits its length.
+
+Targets are the next tokens; the batch carries three masks over targets: ``valid`` (not PAD),
+``answer`` (the value's tokens, what RULER scores) and ``key`` (the *key-dependent* answer
+tokens, :func:`key_tokens`: those where more than one needle value of the document is still
+consistent with the answer so far, i.e. where the model has to match the asked key; once they
+are written, the rest of the value is a copy). With a few needles of random 7-digit numbers
+that is mostly the first digit; single-needle documents have none.
 """
 from __future__ import annotations
 
@@ -37,12 +52,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from qedprobe.eval.control import query_line
 from qedprobe.eval.tasks import make_task
 from qedprobe.tokenizer import load_tokenizer
 
 TASK_FORMAT = "legacy"
 """The task format of the training documents (recorded in the model's ``config.json``)."""
 
+QUERIES = ("one", "all")
+QUERY_SLACK = 16
+"""Tokens reserved per extra query line beyond the calibration line (keys differ in length)."""
 SAMPLE_SPACE = 10**9
 """Sample indices are drawn from ``range(SAMPLE_SPACE)``; the needle depth is ``i / (SAMPLE_SPACE - 1)``."""
 
@@ -50,12 +69,21 @@ SAMPLE_SPACE = 10**9
 @dataclass(frozen=True)
 class Component:
     """One part of a mixture: a task of ``qedprobe.eval.tasks.TASKS``, its sampling weight, the
-    haystack (``mk-niah`` only: ``"noise"`` or ``"prose"``) and the inclusive needle-count range."""
+    haystack (``mk-niah`` only: ``"noise"`` or ``"prose"``), the inclusive needle-count range and
+    ``queries``: ``"one"`` (the sample's asked needle) or ``"all"`` (``mk-niah`` only: every
+    needle asked, see the module docstring)."""
 
     task: str
     weight: float
     haystack: str | None = None
     needles: tuple[int, int] = (1, 1)
+    queries: str = "one"
+
+    def __post_init__(self):
+        if self.queries not in QUERIES:
+            raise ValueError(f"Component: `queries` must be one of {QUERIES}, got {self.queries!r}")
+        if self.queries == "all" and self.task != "mk-niah":
+            raise ValueError(f"Component: `queries='all'` needs task 'mk-niah', got {self.task!r}")
 
 
 MIXTURES = {
@@ -74,7 +102,33 @@ MIXTURES = {
         Component("s-niah-2", 0.3),
         Component("mk-niah", 0.3, "noise", (2, 2)),
     ),
+    # Key-matched retrieval under interference: 2-16 needles in noise and prose with every needle
+    # asked (most of the weight), plus the single-needle tasks. Rows of >= 4096 bytes, or fewer
+    # tokens with a BPE tokenizer (qedprobe train-tokenizer).
+    "interference": (
+        Component("s-niah-1", 0.10),
+        Component("s-niah-2", 0.10),
+        Component("s-niah-3", 0.05),
+        Component("mk-niah", 0.375, "noise", (2, 16), "all"),
+        Component("mk-niah", 0.375, "prose", (2, 16), "all"),
+    ),
+    # The same with 2-4 needles, for rows of 256-512 BPE tokens (the CPU micro model).
+    "interference-micro": (
+        Component("s-niah-1", 0.10),
+        Component("mk-niah", 0.45, "noise", (2, 4), "all"),
+        Component("mk-niah", 0.45, "prose", (2, 4), "all"),
+    ),
 }
+
+
+def key_tokens(tokenizer, ids: list[int], values: list[str]) -> list[bool]:
+    """For the answer tokens ``ids`` (of one of ``values``): True where the token adds characters
+    to the value and more than one of ``values`` starts with the value written before it."""
+    mask = []
+    for j in range(len(ids)):
+        before, after = tokenizer.decode(ids[:j]).strip(), tokenizer.decode(ids[:j + 1]).strip()
+        mask.append(after != before and sum(v.startswith(before) for v in values) > 1)
+    return mask
 
 
 def niah_seed(seed: int) -> int:
@@ -106,16 +160,24 @@ class TrainData:
                 raise ValueError(f"TrainData: `tokenizer` {self.tokenizer!r} has no {name}")
         self.seq_len, self.mixture, self.seed = seq_len, mixture, seed
         self.components = MIXTURES[mixture]
-        self._tasks = {}  # (component index, needles) -> (NIAHTask, min_length)
+        self._tasks = {}  # (component index, needles) -> (NIAHTask, min_length, tokens per extra query)
         for c, comp in enumerate(self.components):
             for n in range(comp.needles[0], comp.needles[1] + 1):
                 task = make_task(comp.task, self.tokenizer, format=TASK_FORMAT, haystack=comp.haystack,
                                  num_needles=n if comp.task == "mk-niah" else None)
-                need = task.min_length()
+                reserve = self._query_reserve(task) if comp.queries == "all" else 0
+                need = task.min_length() + (n - 1) * reserve
                 if need > seq_len + 1:
                     raise ValueError(f"TrainData: `seq_len` {seq_len} is too short for mixture "
                                      f"{mixture!r}: {comp.task} with {n} needle(s) needs {need - 1}")
-                self._tasks[c, n] = (task, need)
+                self._tasks[c, n] = (task, need, reserve)
+
+    def _query_reserve(self, task) -> int:
+        """Tokens enough for one more query line and its answer: a calibration sample's line,
+        ``max_new_tokens`` and :data:`QUERY_SLACK`."""
+        probe = task.sample(task.min_length(), 0, samples=1, seed=niah_seed(self.seed))
+        line = self.tokenizer.encode("\n" + query_line(probe, probe.key))
+        return len(line) + task.max_new_tokens + QUERY_SLACK
 
     def describe(self) -> dict:
         """The data recipe (for model cards and resume checks)."""
@@ -123,53 +185,71 @@ class TrainData:
                 "seq_len": self.seq_len, "seed": self.seed, "niah_seed": niah_seed(self.seed),
                 "tokenizer": self.tokenizer.name, "packing": "whole documents per row, PAD after"}
 
-    def _document(self, rng: random.Random, space: int) -> tuple[list[int], list[bool]] | None:
-        """One document of at most ``space`` tokens and its answer mask; None if none fits."""
-        fits = [(c, n) for (c, n), (_, need) in self._tasks.items() if need <= space]
+    def _document(self, rng: random.Random, space: int) -> tuple[list[int], list[bool], list[bool]] | None:
+        """One document of at most ``space`` tokens with its answer and key masks; None if none fits."""
+        fits = [(c, n) for (c, n), (_, need, _) in self._tasks.items() if need <= space]
         if not fits:
             return None
         comps = sorted({c for c, _ in fits})
         c = rng.choices(comps, weights=[self.components[i].weight for i in comps])[0]
         n = rng.choice([m for i, m in fits if i == c])
-        task, need = self._tasks[c, n]
+        task, need, reserve = self._tasks[c, n]
         length = round(math.exp(rng.uniform(math.log(need), math.log(space))))
-        if space - length < min(need for _, need in self._tasks.values()):
+        if space - length < min(need for _, need, _ in self._tasks.values()):
             length = space
-        sample = task.sample(length, rng.randrange(SAMPLE_SPACE), samples=SAMPLE_SPACE,
+        sample = task.sample(length - (n - 1) * reserve, rng.randrange(SAMPLE_SPACE), samples=SAMPLE_SPACE,
                              seed=niah_seed(self.seed))
-        answer = self.tokenizer.encode(" " + sample.answer)
-        tail = self.tokenizer.encode(".") + [self.tokenizer.eos_id]
-        ids = list(sample.input_ids) + answer + tail
+        values = [value for _, value, _ in sample.needles]
+        ids, answer, key = list(sample.input_ids), [False] * len(sample.input_ids), [False] * len(sample.input_ids)
+        asked = [sample.needles[0]]
+        if self.components[c].queries == "all":
+            others = sample.needles[1:]
+            asked += rng.sample(others, len(others))
+        for q, (k, value, _) in enumerate(asked):
+            if q:
+                line = self.tokenizer.encode("\n" + query_line(sample, k))
+                ids, answer, key = ids + line, answer + [False] * len(line), key + [False] * len(line)
+            value_ids = self.tokenizer.encode(" " + value)
+            dot = self.tokenizer.encode(".")
+            ids += value_ids + dot
+            answer += [True] * len(value_ids) + [False] * len(dot)
+            key += key_tokens(self.tokenizer, value_ids, values) + [False] * len(dot)
+        ids.append(self.tokenizer.eos_id)
+        answer.append(False)
+        key.append(False)
         if len(ids) > length:
-            raise ValueError(f"TrainData: the answer of {task.name} takes more tokens than its "
-                             f"max_new_tokens ({task.max_new_tokens}) for tokenizer {self.tokenizer!r}")
-        mask = [False] * len(sample.input_ids) + [True] * len(answer) + [False] * len(tail)
-        return ids, mask
+            raise ValueError(f"TrainData: a {task.name} document takes {len(ids)} tokens, more than its "
+                             f"length {length} (answers longer than max_new_tokens ({task.max_new_tokens}), "
+                             f"or query lines longer than reserved) for tokenizer {self.tokenizer!r}")
+        return ids, answer, key
 
-    def row(self, index: int) -> tuple[list[int], list[bool]]:
-        """Row ``index``: ``seq_len + 1`` token ids and the answer mask (same length)."""
+    def row(self, index: int) -> tuple[list[int], list[bool], list[bool]]:
+        """Row ``index``: ``seq_len + 1`` token ids, the answer mask and the key mask (same length)."""
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise ValueError(f"TrainData.row: `index` must be an int >= 0, got {index!r}")
         rng = random.Random(f"qedprobe-train|{self.mixture}|{self.seed}|{self.seq_len}|{index}")
-        ids, mask = [], []
+        ids, answer, key = [], [], []
         while (doc := self._document(rng, self.seq_len + 1 - len(ids))) is not None:
             ids += doc[0]
-            mask += doc[1]
+            answer += doc[1]
+            key += doc[2]
         pad = self.seq_len + 1 - len(ids)
-        return ids + [self.tokenizer.pad_id] * pad, mask + [False] * pad
+        return ids + [self.tokenizer.pad_id] * pad, answer + [False] * pad, key + [False] * pad
 
     def rows(self, start: int, count: int) -> dict[str, torch.Tensor]:
         """Rows ``start .. start + count - 1`` as tensors (``T = seq_len``):
 
         ``input_ids`` ``[count, T]`` int64, ``targets`` ``[count, T]`` int64 (inputs shifted by one),
         ``valid`` ``[count, T]`` bool (target is not PAD), ``answer`` ``[count, T]`` bool
-        (target is a token of an answer value).
+        (target is a token of an answer value), ``key`` ``[count, T]`` bool (a key-dependent
+        answer token, :func:`key_tokens`).
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"TrainData.rows: `count` must be an int >= 1, got {count!r}")
         built = [self.row(start + i) for i in range(count)]
         ids = torch.tensor([r[0] for r in built], dtype=torch.int64)
         answer = torch.tensor([r[1] for r in built], dtype=torch.bool)
+        key = torch.tensor([r[2] for r in built], dtype=torch.bool)
         targets = ids[:, 1:]
-        return {"input_ids": ids[:, :-1], "targets": targets,
-                "valid": targets != self.tokenizer.pad_id, "answer": answer[:, 1:]}
+        return {"input_ids": ids[:, :-1], "targets": targets, "valid": targets != self.tokenizer.pad_id,
+                "answer": answer[:, 1:], "key": key[:, 1:]}

@@ -2,13 +2,15 @@ r"""The training loop: AdamW + WSD, bf16 autocast on CUDA, clipping, checkpoints
 
 One optimizer step ``s`` (0-based) reads rows ``s*R .. s*R + R - 1`` of :class:`TrainData`
 (``R = batch_size * accum``), splits them into ``accum`` micro-batches ``[batch_size, seq_len]``
-and minimises the mean next-token cross-entropy over the step's masked targets
+and minimises the weighted mean next-token cross-entropy over the step's targets
 
-    loss_s = sum_{targets t in mask} CE(logits_t, target_t) / |mask|
+    loss_s = sum_t w_t CE(logits_t, target_t) / sum_t w_t
 
-(``mask`` = non-PAD targets for ``loss="all"``, answer tokens for ``loss="answer"``; the
-denominator is the whole step's count, so accumulation gives the same gradient as one big
-batch). Parameters stay float32 (master weights); on CUDA the forward runs under
+(:func:`token_weights`: ``w_t`` is 1 on the targets of ``mask`` = non-PAD targets for
+``loss="all"``, answer tokens for ``loss="answer"``, 0 elsewhere, and ``key_weight`` on the
+key-dependent answer tokens, the few that say whether the asked key was matched; the
+denominator is the whole step's, so accumulation gives the same gradient as one big batch).
+Parameters stay float32 (master weights); on CUDA the forward runs under
 ``torch.autocast(dtype=bfloat16)``. Gradients are clipped to ``clip`` (global L2 norm), then
 AdamW steps (:func:`make_optimizer`: ``theta`` at ``theta_lr_mult`` x the rate; weight decay on
 matrices only) and the WSD schedule scales every group.
@@ -16,7 +18,9 @@ matrices only) and the WSD schedule scales every group.
 Files in ``out_dir``:
 
 * ``loss.jsonl``: one JSON record per step, flushed when written (``step`` counts completed
-  steps, ``loss``, ``answer_loss``, ``answer_acc`` (teacher-forced, per answer token), ``lr``,
+  steps, ``loss``, ``answer_loss``, ``answer_acc`` (teacher-forced, per answer token),
+  ``key_acc`` (the same on the key-dependent answer tokens: well above 1/needles only when the
+  asked key is matched), ``lr``,
   ``theta_lr``, ``grad_norm``, ``lambda_mean``, ``tokens``, ``wall_s`` (cumulative), ``step_s`` (seconds since the previous record));
 * ``train.log``: what happened (start, resume, warnings, checkpoints);
 * ``train_config.json``, ``step-NNNNNN/`` and ``latest`` (see :mod:`qedprobe.train.state`);
@@ -176,36 +180,48 @@ def _all_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def token_weights(batch: dict, cfg: TrainConfig) -> torch.Tensor:
+    """Per-target loss weights ``[rows, T]`` (float32): the mask of ``cfg.loss`` (non-PAD targets
+    or answer tokens), with key-dependent answer tokens (``batch["key"]``) weighted ``key_weight``
+    instead of 1."""
+    mask = batch["valid"] if cfg.loss == "all" else batch["answer"]
+    weights = mask.float()
+    return torch.where(batch["key"] & mask, torch.full_like(weights, cfg.key_weight), weights)
+
+
 def _step(model, batch, cfg: TrainConfig, device: torch.device, amp: bool) -> dict:
     """Forward/backward over this rank's micro-batches (``cfg.batch_size`` rows each); returns
     the step's statistics over all ranks.
 
-    Each micro-batch backpropagates ``N * objective / count`` with ``count`` the masked targets
-    of the whole step on all ``N`` ranks: DistributedDataParallel averages the ranks' gradients,
-    so the result is the gradient of ``loss_s`` over the global batch, as in one process.
-    Gradients are synchronised on the last micro-batch only (``no_sync`` before it)."""
-    mask_key = "valid" if cfg.loss == "all" else "answer"
+    Each micro-batch backpropagates ``N * objective / total`` with ``total`` the summed weights
+    (:func:`token_weights`) of the whole step on all ``N`` ranks: DistributedDataParallel averages
+    the ranks' gradients, so the result is the gradient of ``loss_s`` over the global batch, as in
+    one process. Gradients are synchronised on the last micro-batch only (``no_sync`` before it)."""
     ranks = dist.world_size()
-    count = _all_sum(batch[mask_key].sum().to(device)).clamp(min=1)
-    sums = torch.zeros(3, device=device, dtype=torch.float64)
+    weights = token_weights(batch, cfg)
+    total = _all_sum(weights.sum().to(device)).clamp(min=1e-12)
+    sums = torch.zeros(4, device=device, dtype=torch.float64)
     starts = range(0, batch["input_ids"].shape[0], cfg.batch_size)
     for j, i in enumerate(starts):
         mb = {k: v[i:i + cfg.batch_size].to(device, non_blocking=True) for k, v in batch.items()}
+        w = weights[i:i + cfg.batch_size].to(device, non_blocking=True)
         sync = j == len(starts) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 logits = model(mb["input_ids"])
             ce = F.cross_entropy(logits.float().flatten(0, 1), mb["targets"].flatten(),
                                  reduction="none").view_as(mb["targets"])
-            objective = (ce * mb[mask_key]).sum()
-            (objective * ranks / count).backward()
+            objective = (ce * w).sum()
+            (objective * ranks / total).backward()
         with torch.no_grad():
-            hits = (logits.argmax(-1) == mb["targets"]) & mb["answer"]
-            sums += torch.stack([objective, (ce * mb["answer"]).sum(), hits.sum()]).double()
+            hits = logits.argmax(-1) == mb["targets"]
+            sums += torch.stack([objective, (ce * mb["answer"]).sum(), (hits & mb["answer"]).sum(),
+                                 (hits & mb["key"]).sum()]).double()
     n_answer = _all_sum(batch["answer"].sum().to(device)).clamp(min=1).item()
-    loss, answer_loss, answer_hits = _all_sum(sums).tolist()
-    return {"loss": loss / count.item(), "answer_loss": answer_loss / n_answer,
-            "answer_acc": answer_hits / n_answer}
+    n_key = _all_sum(batch["key"].sum().to(device)).item()
+    loss, answer_loss, answer_hits, key_hits = _all_sum(sums).tolist()
+    return {"loss": loss / total.item(), "answer_loss": answer_loss / n_answer,
+            "answer_acc": answer_hits / n_answer, "key_acc": key_hits / n_key if n_key else 0.0}
 
 
 def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None = None,
