@@ -148,3 +148,19 @@ def test_foreign_key_control_asks_a_key_no_needle_has(tokenizer, bpe):
         ForeignKeyTask("s-niah-1")
     with pytest.raises(ValueError, match="asked key"):
         query_line(dataclasses.replace(real, key="nope"), "x")
+
+
+def test_init_starts_a_run_from_a_model_folder_of_the_same_config(tmp_path):
+    from qedprobe.train.trainer import build_model
+    cfg = TrainConfig.from_preset("micro", model=dict(hidden_size=16, num_hidden_layers=1, head_dim=8), seed=3)
+    first = build_model(cfg, 259)
+    first.save_pretrained(tmp_path / "stage1")
+    second = build_model(dataclasses.replace(cfg, seed=4, init=str(tmp_path / "stage1")), 259)
+    fresh = build_model(dataclasses.replace(cfg, seed=4), 259)
+    for (name, a), b, c in zip(first.state_dict().items(), second.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b) and b.dtype == torch.float32, name
+    assert not all(torch.equal(a, c) for a, c in zip(first.state_dict().values(), fresh.state_dict().values()))
+    with pytest.raises(ValueError, match="hidden_size"):
+        build_model(dataclasses.replace(cfg, model={**cfg.model, "hidden_size": 32}, init=str(tmp_path / "stage1")), 259)
+    with pytest.raises(ValueError, match="init"):
+        build_model(dataclasses.replace(cfg, init=str(tmp_path / "nowhere")), 259)

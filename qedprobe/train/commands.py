@@ -27,7 +27,7 @@ FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "bat
           "accum": "accum", "steps": "steps", "lr": "lr", "warmup": "warmup_steps",
           "decay": "decay_steps", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
           "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
-          "tokenizer": "tokenizer", "save_every": "save_every", "device": "device"}
+          "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
                 "head_dim": "head_dim", "lambda_max": "lambda_max", "op_mode": "op_mode",
                 "decay_a": "decay_a_range", "decay_dt": "decay_dt_range"}
@@ -120,6 +120,7 @@ def register(subparsers) -> None:
                    help="micro: CPU, < 2 min; small: the GPU checkpoints (default)")
     p.add_argument("--arm", choices=ARMS)
     p.add_argument("--seed", type=int, help="initialisation and data seed")
+    p.add_argument("--init", help="start from this model folder's weights (same model config) instead of the seed's")
     g = p.add_argument_group("model (override the preset)")
     g.add_argument("--hidden", type=int)
     g.add_argument("--layers", type=int)

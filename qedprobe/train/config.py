@@ -51,7 +51,9 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
 ``device="auto"`` is CUDA when
     available; bf16 autocast is used on CUDA only, with float32 master weights. ``op_fallback``:
     when the configured op has no backward on the device, train with the PyTorch reference
-    (logged as a warning) instead of stopping.
+    (logged as a warning) instead of stopping. ``init``: a model folder whose weights start the
+    run instead of the seeded initialisation (a second training stage, e.g. interference after
+    the recall recipe); the data seed stays ``seed``.
     """
 
     arm: str = "full"
@@ -77,6 +79,7 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
     save_every: int = 500
     device: str = "auto"
     op_fallback: bool = True
+    init: str | None = None
 
     def __post_init__(self):
         for name in ("seq_len", "batch_size", "accum", "steps", "save_every"):

@@ -95,10 +95,24 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
-    """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built); its
-    config records the training documents' task format."""
+    """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built), with
+    the weights of the model folder ``cfg.init`` when given (a later training stage: its
+    ``config.json`` must equal this run's model config but for ``op_mode``); its config records
+    the training documents' task format."""
     torch.manual_seed(cfg.seed)
-    return QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, task_format=TASK_FORMAT, **cfg.model))
+    model = QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, task_format=TASK_FORMAT, **cfg.model))
+    if cfg.init is not None:
+        init = Path(cfg.init)
+        if not (init / "config.json").is_file():
+            raise ValueError(f"train: `init` {cfg.init!r} is not a model folder (no config.json)")
+        want, have = model.cfg.to_dict(), QEDConfig.load(init / "config.json").to_dict()
+        diffs = [f"{k}: {have.get(k)!r} != {want.get(k)!r}" for k in sorted(set(want) | set(have))
+                 if k != "op_mode" and have.get(k) != want.get(k)]
+        if diffs:
+            raise ValueError(f"train: `init` {cfg.init} has another model config ({'; '.join(diffs)})")
+        load_model_weights(model, init)
+        model.float()
+    return model
 
 
 def make_optimizer(cfg: TrainConfig, model: QEDModel) -> torch.optim.AdamW:
