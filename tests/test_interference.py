@@ -161,6 +161,7 @@ def test_init_starts_a_run_from_a_model_folder_of_the_same_config(tmp_path):
         assert torch.equal(a, b) and b.dtype == torch.float32, name
     assert not all(torch.equal(a, c) for a, c in zip(first.state_dict().values(), fresh.state_dict().values()))
     with pytest.raises(ValueError, match="hidden_size"):
-        build_model(dataclasses.replace(cfg, model={**cfg.model, "hidden_size": 32}, init=str(tmp_path / "stage1")), 259)
+        wider = {**cfg.model, "hidden_size": 32}
+        build_model(dataclasses.replace(cfg, model=wider, init=str(tmp_path / "stage1")), 259)
     with pytest.raises(ValueError, match="init"):
         build_model(dataclasses.replace(cfg, init=str(tmp_path / "nowhere")), 259)
