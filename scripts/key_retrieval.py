@@ -49,10 +49,10 @@ def cell(model, folder: Path, tok, args, needles: int, haystack: str, control: b
     task = kind("mk-niah", tok, num_needles=needles, haystack=haystack)
     name = f"mk-niah-n{needles}-{haystack}" + ("-control" if control else "")
     out = Path(args.out) / f"{folder.parent.name}-{folder.name}" / name
-    summary = run_sweep(model, task.tokenizer, task=task, lengths=args.lengths, strengths=[1.0],
-                        samples=args.samples, seed=args.seed, out=out, batch_size=args.batch_size,
-                        model_id=str(folder.resolve()), progress=False, decode="answer")
-    return {r["length"]: r["accuracy"] for r in summary}
+    result = run_sweep(model, task.tokenizer, task=task, lengths=args.lengths, strengths=[1.0],
+                       samples=args.samples, seed=args.seed, out=out, batch_size=args.batch_size,
+                       model_id=str(folder.resolve()), progress=False, decode="answer")
+    return {r["length"]: r["accuracy"] for r in result.summary}
 
 
 def main(argv=None) -> int:
