@@ -17,13 +17,12 @@ Files written to the output folder: ``tokenizer.json`` and ``tokenizer_config.js
 train --tokenizer FOLDER`` trains with it and copies both files into the exported model folder,
 where ``qedprobe sweep`` and ``qedprobe eig`` find them.
 
-    qedprobe train-tokenizer --mixture interference --vocab-size 1024 --out runs/tok-interference
+    qedprobe train-tokenizer --mixture interference --vocab-size 2048 --out runs/tok-interference
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 SPECIAL = ("<s>", "</s>", "<pad>")
@@ -88,30 +87,38 @@ def train_tokenizer(out, *, mixture: str, vocab_size: int, seq_len: int, rows: i
     return save_tokenizer(build_bpe(mixture_texts(mixture, seq_len, rows, seed), vocab_size), out)
 
 
+FLAGS = {"vocab_size": "--vocab-size", "rows": "--rows", "seq_len": "--seq-len", "seed": "--seed",
+         "mixture": "--mixture"}
+"""Python argument -> CLI flag, for error messages."""
+
+
 def run(args: argparse.Namespace) -> int:
+    from qedprobe.cliutil import check_out_folder, fail
     from qedprobe.tokenizer import load_tokenizer
 
     try:
+        check_out_folder(args.out, "--out")
         out = train_tokenizer(args.out, mixture=args.mixture, vocab_size=args.vocab_size,
                               seq_len=args.seq_len, rows=args.rows, seed=args.seed)
     except ValueError as err:
-        print(f"qedprobe train-tokenizer: error: {err}", file=sys.stderr)
-        return 2
+        return fail("train-tokenizer", err, FLAGS)
     tok = load_tokenizer(str(out))
     print(f"tokenizer with {tok.vocab_size} ids (BOS {tok.bos_id}, EOS {tok.eos_id}, PAD {tok.pad_id}) in {out}")
     return 0
 
 
 def register(subparsers) -> None:
+    from qedprobe.cliutil import HelpFormatter
+
     from .data import MIXTURES
 
     p = subparsers.add_parser("train-tokenizer", help="train a small byte-level BPE on a training mixture's text",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--out", required=True, help="folder for tokenizer.json and tokenizer_config.json")
-    p.add_argument("--mixture", choices=sorted(MIXTURES), default="interference")
-    p.add_argument("--vocab-size", type=int, default=1024, help=f"ids in all, >= {MIN_VOCAB} (default 1024)")
+    p.add_argument("--mixture", choices=sorted(MIXTURES), default="interference", help="mixture whose text it learns")
+    p.add_argument("--vocab-size", type=int, default=2048, help=f"ids in all, >= {MIN_VOCAB}")
     p.add_argument("--seq-len", type=int, default=8192,
                    help="bytes per training-text row (long enough for the mixture's largest document)")
-    p.add_argument("--rows", type=int, default=400, help="rows of text to train on (default 400)")
+    p.add_argument("--rows", type=int, default=1000, help="rows of text to train on")
     p.add_argument("--seed", type=int, default=0, help="data seed of the text rows")
     p.set_defaults(func=run)
