@@ -165,3 +165,11 @@ def test_init_starts_a_run_from_a_model_folder_of_the_same_config(tmp_path):
         build_model(dataclasses.replace(cfg, model=wider, init=str(tmp_path / "stage1")), 259)
     with pytest.raises(ValueError, match="init"):
         build_model(dataclasses.replace(cfg, init=str(tmp_path / "nowhere")), 259)
+
+
+def test_sweep_refuses_the_control_outside_mk_niah(tmp_path, capsys):
+    from qedprobe import cli
+    argv = ["sweep", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--control", "foreign-key"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--control foreign-key needs --task mk-niah" in err and len(err.strip().splitlines()) == 1
