@@ -1,4 +1,4 @@
-"""Does a model retrieve the *asked* key? MK-NIAH accuracy on real prompts vs the foreign-key control.
+"""Does a model retrieve the *asked* key? Legacy-format MK-NIAH on real prompts vs the foreign-key control.
 
     python scripts/key_retrieval.py MODEL_OR_RUN_FOLDER [...] --tokenizer TOK --lengths 512 \
         --needles 2,4 --haystacks noise,prose --samples 40 --out runs/key-eval

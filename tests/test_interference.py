@@ -172,4 +172,4 @@ def test_sweep_refuses_the_control_outside_mk_niah(tmp_path, capsys):
     argv = ["sweep", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--control", "foreign-key"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert "--control foreign-key needs --task mk-niah" in err and len(err.strip().splitlines()) == 1
+    assert "--control foreign-key needs --format legacy --task mk-niah" in err and len(err.strip().splitlines()) == 1
