@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from qedprobe.kernels.qed import l2_normalize, project_out
+from qedprobe.model.hooked import hook_name
 
 
 def scale_lambda(s):
@@ -67,7 +68,7 @@ class DirectionReplacement:
         model from ``qedprobe.hf``)."""
         out = []
         for l in layers:
-            out += [(f"blocks.{l}.{mixer_name}.hook_k", self._store(self._k)),
-                    (f"blocks.{l}.{mixer_name}.hook_b", self._store(self._b)),
-                    (f"blocks.{l}.{mixer_name}.hook_d", self._replace)]
+            out += [(hook_name("k", l, mixer_name), self._store(self._k)),
+                    (hook_name("b", l, mixer_name), self._store(self._b)),
+                    (hook_name("d", l, mixer_name), self._replace)]
         return out

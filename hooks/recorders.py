@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from qedprobe.model.hooked import mixer_hook_name
+from qedprobe.model.hooked import hook_name
 from qedprobe.model.strength import index_selection
 
 PROBES = ("e", "rho", "Sd", "d", "lambda")
@@ -151,15 +151,14 @@ class ProbeRecorder:
             self.stats[key].update(probe_values(key[0], x))
         return record
 
-    @property
     def fwd_hooks(self) -> list:
         """``[(hook name, fn)]`` for ``run_with_hooks`` / ``model.hooks``."""
-        return [(mixer_hook_name(self.model, l, p), self._hook((p, l))) for p, l in self.stats]
+        return [(hook_name(p, l, self.model.mixer_name), self._hook((p, l))) for p, l in self.stats]
 
     @contextlib.contextmanager
     def attach(self):
         """Record every forward pass (also inside ``generate``) while the block is active."""
-        with self.model.hooks(fwd_hooks=self.fwd_hooks):
+        with self.model.hooks(fwd_hooks=self.fwd_hooks()):
             yield self
 
     def summary(self) -> dict:

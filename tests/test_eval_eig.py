@@ -83,13 +83,13 @@ def test_memory_is_bounded():
     a = run_eig(model, [torch.randint(0, 256, (1, 64))])
     b = run_eig(model, [torch.randint(0, 256, (2, 256)), torch.randint(0, 256, (2, 256))])
     assert a.nbytes() == b.nbytes() and a.nbytes() < 200_000
-    assert b._pending == {}                          # nothing of the last forward is kept
+    assert b.pending == {}                          # nothing of the last forward is kept
     # per-layer pending tensors are released as soon as a layer is reduced
     acc = EigAccumulator(2, 2, 16)
     seen = []
-    hooks = acc.hooks()
+    hooks = acc.fwd_hooks()
     model.run_with_hooks(torch.randint(0, 256, (1, 32)),
-                         fwd_hooks=hooks + [("blocks.1.attn.hook_q", lambda x, hook: seen.append(len(acc._pending)))])
+                         fwd_hooks=hooks + [("blocks.1.attn.hook_q", lambda x, hook: seen.append(len(acc.pending)))])
     assert seen == [0] and acc.tokens == 32
 
 

@@ -5,7 +5,8 @@ import torch
 pytest.importorskip("transformer_lens", reason="the hooked model needs transformer-lens")
 
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder, RunningStats, scale_lambda, zero_direction
-from qedprobe.model import strength
+from qedprobe.model import hook_name, strength
+from qedprobe.model.hooked import BLOCK_HOOKS, MIXER_HOOKS, MODEL_HOOKS
 
 from helpers import ids, tiny
 
@@ -89,3 +90,15 @@ def test_direction_replacement_reproduces_the_rand_arm():
     torch.testing.assert_close(cache["blocks.0.attn.hook_d"], rand.blocks[0].attn.z.expand(2, 11, 2, 16))
     with pytest.raises(ValueError, match=r"`z` has shape \(2, 8\)"):
         full.run_with_hooks(x, fwd_hooks=DirectionReplacement(torch.ones(2, 8)).fwd_hooks([0]))
+
+
+def test_hook_name_builds_every_hook_point_name():
+    model = tiny()
+    names = [hook_name(n) for n in MODEL_HOOKS]
+    names += [hook_name(n, l) for l in range(model.cfg.num_hidden_layers) for n in BLOCK_HOOKS + MIXER_HOOKS]
+    assert sorted(names) == sorted(model.hook_dict)
+    assert hook_name("sd", 1) == "blocks.1.attn.hook_Sd" == hook_name("Sd", 1)
+    assert hook_name("e", 3, "linear_attn") == "blocks.3.linear_attn.hook_e"
+    for bad, match in ((("embed", 0), "takes no `layer`"), (("e",), "needs a `layer`"), (("E", 0), "`name` must be")):
+        with pytest.raises(ValueError, match=match):
+            hook_name(*bad)

@@ -44,10 +44,10 @@ import torch
 
 from qedprobe import dist
 from qedprobe.hooks import RunningStats
+from qedprobe.kernels.qed import erase_vector, l2_normalize
+from qedprobe.model.hooked import hook_name
 
 __all__ = ["sigma_max_rank_one", "EigAccumulator", "run_eig", "reduce_ranks", "task_batches", "text_batches", "BINS"]
-
-L2NORM_EPS = 1e-6
 
 BINS = {
     "e": (-0.5, 1.5, 800),
@@ -82,7 +82,7 @@ def sigma_max_rank_one(k: torch.Tensor, a: torch.Tensor, *, minus_one: bool = Fa
 class EigAccumulator:
     """Fixed-size per-layer, per-head accumulators fed by model hooks (see module docstring).
 
-    ``acc.hooks()`` gives ``fwd_hooks`` for ``model.run_with_hooks`` / ``model.hooks``. Tensors
+    ``acc.fwd_hooks()`` gives the hooks for ``model.run_with_hooks`` / ``model.hooks``. Tensors
     may be ``[B, T, H, ...]`` or packed ``[1, sum T, H, ...]``; ``lambda`` ``[H]`` or ``[B, T, H]``.
     ``layers`` (default all ``n_layers``) are recorded from the hooks
     ``blocks.{l}.{mixer_name}.hook_*`` (``model.mixer_name``).
@@ -110,25 +110,33 @@ class EigAccumulator:
         self.e_recompute_maxdiff = 0.0
         self.tokens = 0
         self.meta = {}
-        self._pending = {}
+        self.pending = {}
+        """Layer -> the tensors its hooks gave so far in this forward pass (reduced and dropped
+        as soon as the layer's last hook fires)."""
 
     # ------------------------------------------------------------------------------- hooks
-    def hooks(self):
+    def fwd_hooks(self) -> list:
+        """``[(hook name, fn)]`` for ``run_with_hooks`` / ``model.hooks``: each recorded layer's
+        ``NEEDS`` hooks."""
         out = []
         for l in self.layers:
             for name in self.NEEDS:
-                out.append((f"blocks.{l}.{self.mixer_name}.hook_{name}", self._make_hook(l, name)))
+                out.append((hook_name(name, l, self.mixer_name), self._make_hook(l, name)))
         return out
 
     def _make_hook(self, layer, name):
         def hook(x, hook=None):  # noqa: ARG001 - TransformerLens passes the HookPoint
-            slot = self._pending.setdefault(layer, {})
+            slot = self.pending.setdefault(layer, {})
             slot[name] = x.detach()
             if len(slot) == len(self.NEEDS):
-                del self._pending[layer]
+                del self.pending[layer]
                 self.update(layer, slot)
             return None
         return hook
+
+    def end_forward(self) -> None:
+        """Drop what a forward pass left of layers whose hooks did not all fire."""
+        self.pending.clear()
 
     # ------------------------------------------------------------------------------ update
     @torch.no_grad()
@@ -139,12 +147,12 @@ class EigAccumulator:
         lead = k.shape[:-2]
         n = int(np.prod(lead))
         k = k.reshape(n, H, K)
-        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
+        k = l2_normalize(k)
         b = t["b"].double().reshape(n, H, K)
         d = t["d"].double().reshape(n, H, K)
         lam = t["lambda"].double()
         lam = lam.expand(*lead, H).reshape(n, H) if lam.dim() == 1 else lam.reshape(n, H)
-        a = b * k + lam.unsqueeze(-1) * d
+        a = erase_vector(k, b, lam, d)
         e = t["e"].double().reshape(n, H)
         rho = t["rho"].double().reshape(n, H)
         sd = torch.linalg.vector_norm(t["Sd"].double().reshape(n, H, -1), dim=-1)
@@ -381,8 +389,8 @@ def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=Non
                                              allow_extrapolation=allow_extrapolation):
         for ids in it:
             ids = ids.to(device)
-            model.run_with_hooks(ids, fwd_hooks=acc.hooks())
-            acc._pending.clear()
+            model.run_with_hooks(ids, fwd_hooks=acc.fwd_hooks())
+            acc.end_forward()
     return reduce_ranks(acc)
 
 

@@ -6,7 +6,8 @@ TransformerLens ``HookedRootModule`` that also says where its recurrences are:
 * ``mixer_layers``: the layer indices that run the QED recurrence (every layer of a
   ``QEDModel``; the linear-attention layers of a hybrid transformers model);
 * ``mixer_name``: the hook names of layer ``l``'s recurrence are
-  ``blocks.{l}.{mixer_name}.hook_{q,k,v,b,w,g,lambda,d,rho,Sd,e,o}``;
+  ``blocks.{l}.{mixer_name}.hook_{q,k,v,b,w,g,lambda,d,rho,Sd,e,o}`` (:func:`hook_name` builds
+  every hook name);
 * ``cfg`` with ``num_hidden_layers``, ``num_heads`` (heads of the recurrence), ``head_dim``,
   ``vocab_size`` and ``arm``; ``_strength_factors`` for :func:`qedprobe.model.strength`.
 
@@ -19,9 +20,31 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.utilities import Slice
 
 
-def mixer_hook_name(model, layer: int, name: str) -> str:
-    """``blocks.{layer}.{model.mixer_name}.hook_{name}``."""
-    return f"blocks.{layer}.{model.mixer_name}.hook_{name}"
+MODEL_HOOKS = ("embed",)
+BLOCK_HOOKS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
+MIXER_HOOKS = ("q", "k", "v", "b", "w", "g", "lambda", "d", "o", "rho", "Sd", "e")
+"""The short names of the hook points: the model's, each block's and each recurrence's
+(``qedprobe/model/model.py``, ``block.py``, ``mixer.py``)."""
+
+
+def hook_name(name: str, layer: int | None = None, mixer_name: str = "attn") -> str:
+    """The full hook name of the short ``name``, as TransformerLens' ``get_act_name``.
+
+    ``hook_name("embed")`` -> ``"hook_embed"``; ``hook_name("resid_pre", 2)`` ->
+    ``"blocks.2.hook_resid_pre"``; ``hook_name("e", 1)`` -> ``"blocks.1.attn.hook_e"``, with
+    ``mixer_name`` the model's ``model.mixer_name`` (``"linear_attn"`` for a transformers model
+    from ``qedprobe.hf``). ``"sd"`` (TransformerLens' lowercase) names the probe ``"Sd"``.
+    """
+    name = "Sd" if name == "sd" else name
+    if name in MODEL_HOOKS:
+        if layer is not None:
+            raise ValueError(f"hook_name: {name!r} is a model hook, it takes no `layer` (got {layer!r})")
+        return f"hook_{name}"
+    if name not in BLOCK_HOOKS + MIXER_HOOKS:
+        raise ValueError(f"hook_name: `name` must be one of {MODEL_HOOKS + BLOCK_HOOKS + MIXER_HOOKS}, got {name!r}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"hook_name: {name!r} needs a `layer` index >= 0, got {layer!r}")
+    return f"blocks.{layer}.hook_{name}" if name in BLOCK_HOOKS else f"blocks.{layer}.{mixer_name}.hook_{name}"
 
 
 class HookedModel(HookedRootModule):
