@@ -160,7 +160,7 @@ def test_strength_nesting_and_exceptions_restore(model):
     with pytest.raises(RuntimeError, match="boom"):
         with strength(model, 0.0):
             raise RuntimeError("boom")
-    assert model._strength_factors == []
+    assert model.strength_factors == []
     assert torch.equal(model(x), base)
 
 
@@ -215,7 +215,7 @@ def test_strength_bad_input(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         with strength(model, **kwargs):
             pass
-    assert model._strength_factors == []
+    assert model.strength_factors == []
 
 
 def test_strength_extrapolation_allowed_and_non_model_refused(model):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .stats import mcnemar_exact
 from .plots import accuracy_errorbar, figure, format_length, save_accuracy_figure
-from .sweep import SweepError, _skey, load_results, summarize
+from .sweep import SweepError, strength_key, load_results, summarize
 
 __all__ = ["load_sweep", "build_report", "paired_between"]
 
@@ -46,9 +46,9 @@ def load_sweep(path, label=None) -> dict:
 
 def _cells(rows, s):
     """(length, sample_id) -> (correct, prompt_sha) at strength s."""
-    s = _skey(s)
+    s = strength_key(s)
     return {(int(r["length"]), int(r["sample_id"])): (bool(r["correct"]), r.get("prompt_sha"))
-            for r in rows if _skey(r["s"]) == s}
+            for r in rows if strength_key(r["s"]) == s}
 
 
 def paired_between(rows_a, rows_b, s_a=1.0, s_b=1.0) -> dict:
@@ -79,9 +79,9 @@ def _fmt_p(p):
 
 
 def _pick_s(sweep, s):
-    have = sorted({_skey(r["s"]) for r in sweep["rows"]})
-    if _skey(s) in have:
-        return _skey(s)
+    have = sorted({strength_key(r["s"]) for r in sweep["rows"]})
+    if strength_key(s) in have:
+        return strength_key(s)
     if len(have) == 1:
         return have[0]
     raise SweepError(f"sweep {sweep['label']!r} has no rows at s = {s:g} (it has {have}); pass --s")
@@ -171,7 +171,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
         lines.append("")
         lines += [f"Warning: {m}" for m in warned] + ([""] if warned else [])
     for sw in sweeps:
-        strengths = sorted({_skey(r["s"]) for r in sw["rows"]})
+        strengths = sorted({strength_key(r["s"]) for r in sw["rows"]})
         if len(strengths) < 2:
             continue
         ref = sw["config"].get("ref_strength", 1.0)
@@ -186,7 +186,7 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
                 r = cell.get((L, x))
                 if r is None:
                     cells.append("-")
-                elif r["mcnemar_p"] is None or x == _skey(ref):
+                elif r["mcnemar_p"] is None or x == strength_key(ref):
                     cells.append(f"{100 * r['accuracy']:.1f}")
                 else:
                     cells.append(f"{100 * r['accuracy']:.1f} (p={_fmt_p(r['mcnemar_p'])}; {r['b']}/{r['c']})")

@@ -77,7 +77,9 @@ class SweepError(ValueError):
     """An argument, model, tokenizer or output folder that a sweep cannot use."""
 
 
-def _skey(s) -> float:
+def strength_key(s) -> float:
+    """A strength as rows, cells and comparisons key it: ``float(s)`` rounded to 6 decimals, so
+    ``1``, ``1.0`` and ``1.0000001`` are one strength."""
     return round(float(s), 6)
 
 
@@ -127,7 +129,7 @@ def shard_paths(folder) -> list[Path]:
 
 
 def _row_key(row) -> tuple:
-    return row["length"], _skey(row["s"]), row["sample_id"]
+    return row["length"], strength_key(row["s"]), row["sample_id"]
 
 
 def _read_shard(path: Path, repair: bool) -> list[dict]:
@@ -301,12 +303,12 @@ def summarize(rows, ref_s=1.0) -> list[dict]:
     share = defaultdict(dict)  # (length, s) -> {sample_id: share of the answers found}
     task, fmt = {}, {}
     for r in rows:
-        cell = (int(r["length"]), _skey(r["s"]))
+        cell = (int(r["length"]), strength_key(r["s"]))
         by[cell][int(r["sample_id"])] = bool(r["correct"])
         share[cell][int(r["sample_id"])] = float(r.get("score", r["correct"]))
         task[int(r["length"])] = r.get("task", "")
         fmt[int(r["length"])] = r.get("format", "legacy")
-    ref = None if ref_s is None else _skey(ref_s)
+    ref = None if ref_s is None else strength_key(ref_s)
     out = []
     for (length, s) in sorted(by):
         res = by[(length, s)]
@@ -442,7 +444,7 @@ def plan_batches(done, lengths, strengths, samples, batch_size_of) -> list[Sweep
     the sample ids missing at some strength, in runs of ``batch_size_of(length)``."""
     batches = []
     for L in lengths:
-        missing = {i: [s for s in strengths if (L, _skey(s), i) not in done] for i in range(samples)}
+        missing = {i: [s for s in strengths if (L, strength_key(s), i) not in done] for i in range(samples)}
         ids = [i for i in range(samples) if missing[i]]
         bs = batch_size_of(L)
         for start in range(0, len(ids), bs):
@@ -691,7 +693,7 @@ def validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation) -
         raise SweepError(f"`samples` must be a positive integer, got {samples!r}")
     if not lengths or any(L < 1 for L in lengths) or len(set(lengths)) != len(lengths):
         raise SweepError(f"`lengths` must be distinct positive integers, got {lengths}")
-    if not strengths or len({_skey(s) for s in strengths}) != len(strengths):
+    if not strengths or len({strength_key(s) for s in strengths}) != len(strengths):
         raise SweepError(f"`strengths` must be distinct numbers, got {strengths}")
     if any(not math.isfinite(s) for s in strengths):
         raise SweepError("`strengths` must be finite")

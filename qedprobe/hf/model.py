@@ -73,9 +73,9 @@ class HFQEDModel(HookedModel):
         self.cfg = HFQEDConfig.from_transformers(config, op_mode=op_mode)
         layers = _deltanets(hf_model, self.cfg)
         self.hf_model = hf_model
-        self._strength_factors = []
+        self.strength_factors = []
         self.blocks = nn.ModuleDict({
-            str(l): nn.ModuleDict({"linear_attn": LinearAttnRecurrence(self.cfg, l, self._strength_factors)})
+            str(l): nn.ModuleDict({"linear_attn": LinearAttnRecurrence(self.cfg, l, self.strength_factors)})
             for l in self.cfg.linear_layers})
         self.blocks.to(next(hf_model.parameters()).device)
         route.install(modeling_module_name(self.cfg.model_type))

@@ -43,7 +43,7 @@ class QEDModel(HookedModel):
         self.blocks = nn.ModuleList(QEDBlock(cfg, l) for l in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._strength_factors = []
+        self.strength_factors = []  # the active `strength` blocks (StrengthFactor), see strength.py
         self.decode_graphs = OrderedDict()  # captured decode steps, see decode_step.py
         self.apply(self._init_module)
         self.setup()
@@ -97,7 +97,7 @@ class QEDModel(HookedModel):
 
     def lam_scales(self, phase: str) -> torch.Tensor | None:
         """The active strength factors of ``phase`` as ``[L, H]`` float32 on the model's device, or None."""
-        scales = lambda_scales(self._strength_factors, phase)
+        scales = lambda_scales(self.strength_factors, phase)
         return None if scales is None else scales.to(self.device)
 
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,

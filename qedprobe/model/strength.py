@@ -35,7 +35,7 @@ class StrengthFactor:
 
 
 def lambda_scales(factors: list[StrengthFactor], phase: str) -> torch.Tensor | None:
-    """Product of the active ``factors`` (a model's ``_strength_factors``) that apply to
+    """Product of the active ``factors`` (a model's ``strength_factors``) that apply to
     ``phase`` (``"prefill"`` or ``"decode"``), ``[L, H]`` float32, or None when none applies."""
     active = [f.factor for f in factors if f.phase in ("all", phase)]
     if not active:
@@ -95,7 +95,7 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
         phase: ``"all"``, ``"prefill"`` or ``"decode"``.
         allow_extrapolation: permit values of ``s`` outside ``[-1, 2]``.
     """
-    if not isinstance(model, HookedModel) or not hasattr(model, "_strength_factors"):
+    if not isinstance(model, HookedModel) or not hasattr(model, "strength_factors"):
         raise ValueError(f"strength: `model` must be a QEDModel or an adapted transformers model "
                          f"(qedprobe.hf.adapt), got {type(model).__name__}")
     cfg = model.cfg
@@ -111,8 +111,8 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
     factor = torch.ones(cfg.num_hidden_layers, cfg.num_heads)
     factor[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = values
     entry = StrengthFactor(factor, phase)
-    model._strength_factors.append(entry)
+    model.strength_factors.append(entry)
     try:
         yield model
     finally:
-        model._strength_factors[:] = [f for f in model._strength_factors if f is not entry]
+        model.strength_factors[:] = [f for f in model.strength_factors if f is not entry]
