@@ -11,7 +11,7 @@
 # Environment: PARTS (default "tests bench"), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: this checkout's HEAD when it has .git).
-# Output in $OUT: gpu_tests.log, kernels.log and kernels.json (copy it to docs/benchmarks/kernels.json).
+# Output in $OUT: gpu_tests.log, kernels.log and kernels.json (keep it under docs/results/<date>/).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
