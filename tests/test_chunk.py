@@ -139,6 +139,25 @@ def test_grouped_heads_refused_unless_a_multiple():
         qed_chunk(*op_args(x))
 
 
+def test_no_kernel_is_autotuned():
+    """Every launch configuration is chosen by rule, so a call's time cannot depend on the shapes
+    called before it: no kernel of qed_chunk / qed_recurrent sits under a triton.autotune."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from qedprobe.kernels.qed import (chunk_bwd_intra, chunk_bwd_scan, chunk_intra, chunk_scan, chunk_wy,
+                                      fused_recurrent)
+    kernels = set()
+    for mod in (chunk_intra, chunk_wy, chunk_scan, chunk_bwd_intra, chunk_bwd_scan, fused_recurrent):
+        for obj in vars(mod).values():
+            while isinstance(obj, (Autotuner, Heuristics)):
+                assert not isinstance(obj, Autotuner), f"{mod.__name__}: an autotuned kernel"
+                obj = obj.fn
+            name = getattr(getattr(obj, "fn", None), "__name__", "")
+            if name.endswith("_kernel"):
+                kernels.add(name)
+    assert {"qed_prep_kernel", "qed_scores_kernel", "qed_inverse_kernel", "qed_wy_kernel", "qed_scan_kernel",
+            "qed_recurrent_kernel", "qed_dstate_kernel", "qed_bwd_wy_kernel", "qed_bwd_scores_kernel"} <= kernels
+
+
 def test_rejects_bad_input():
     x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):

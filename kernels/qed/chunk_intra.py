@@ -125,7 +125,7 @@ def _erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.
 
 
 @triton.jit
-def row_lam(lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
+def _row_lam(lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
     """lambda of rows ``r`` (mask ``m``) of one value head (``lam`` shifted to it): per token
     ``lam[r * HV]``, or the head's ``lam[0]``."""
     if LAM_TOKEN:
@@ -136,16 +136,16 @@ def row_lam(lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constex
 
 
 @triton.jit
-def row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
+def _row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
     """The per-row scalars the prep kernel stored (``rq, rk, c``) and lambda, for rows ``r``."""
     rq = tl.load(RQ + r * HV, mask=m, other=0.).to(DT)
     rk = tl.load(RK + r * HV, mask=m, other=0.).to(DT)
     c = tl.load(CP + r * HV, mask=m, other=0.).to(DT)
-    return rq, rk, c, row_lam(lam, r, m, HV, LAM_TOKEN, DT)
+    return rq, rk, c, _row_lam(lam, r, m, HV, LAM_TOKEN, DT)
 
 
 @triton.jit
-def head_pointers(q, k, b, z, d_in, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr):
+def _head_pointers(q, k, b, z, d_in, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr):
     """The direction inputs moved to value head ``i_hv`` (``q, k`` to its query/key head)."""
     i_h = i_hv // (HV // H)
     q += i_h * K
@@ -177,8 +177,8 @@ def qed_prep_kernel(
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
-    q, k, b, z, d_in, lam = head_pointers(q, k, b, z, d_in, lam, i_hv, H, HV, K)
-    lam_f = row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
+    q, k, b, z, d_in, lam = _head_pointers(q, k, b, z, d_in, lam, i_hv, H, HV, K)
+    lam_f = _row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
 
     # ---- 1: row statistics over all of K, per-row scalars, probes rho and e
     qq, kk, kq, bkk, kx = _stats(q, k, b, z, d_in, rows, m_t, H, HV, K, BT, BKS, DIR_SOURCE, DIR_GATED, DT)
@@ -318,7 +318,7 @@ def qed_scores_kernel(
     r_s = c0 + i_i * BC                          # reference row: the block's first
     if r_s >= eos:
         return
-    q, k, b, z, d_in, lam = head_pointers(q, k, b, z, d_in, lam, i_hv, H, HV, K)
+    q, k, b, z, d_in, lam = _head_pointers(q, k, b, z, d_in, lam, i_hv, H, HV, K)
     gc += i_hv * K
     rq += i_hv
     rk += i_hv
@@ -331,7 +331,7 @@ def qed_scores_kernel(
     r_e = tl.minimum(r_s + BC - 1, eos - 1)     # last valid row of the block
     r_i = r_s + o_c
     m_i = r_i < eos
-    rq_i, rk_i, c_i, l_i = row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
+    rq_i, rk_i, c_i, l_i = _row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
     rk_f = tl.load(rk + rows * HV, mask=jm, other=0.).to(DT)
     span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
     for i_k in range(tl.cdiv(K, BKS)):
