@@ -23,8 +23,6 @@ import json
 import math
 from pathlib import Path
 
-import torch
-
 from qedprobe.eval.likelihood import answer_logprob
 from qedprobe.eval.stats import mcnemar_exact
 from qedprobe.eval.sweep import parse_float_list, parse_int_list
