@@ -19,16 +19,13 @@ from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
 from qedprobe.model import strength
 
-from helpers import HF_FAMILIES, hf_ids, hf_torch_reference, one_thread, tiny_hf
+from helpers import HF_FAMILIES, hf_ids, hf_torch_reference, tiny_hf
 
 F32 = dict(rtol=1e-5, atol=5e-5)  # float32 rounding of two chunk algorithms over 24 tokens
 NEW = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _reference(model, ids, prompt):

@@ -30,12 +30,7 @@ TINY_TRAIN = dict(model=dict(hidden_size=32, num_hidden_layers=1, num_heads=2, h
                   seq_len=512, batch_size=1, steps=3, warmup_steps=1, decay_steps=1, save_every=1, lr=3e-3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _sweep_cli(model, out, strengths):

@@ -20,13 +20,7 @@ TINY = dict(model=dict(hidden_size=32, num_hidden_layers=1, num_heads=2, head_di
             seq_len=512, batch_size=2, steps=4, warmup_steps=1, decay_steps=2, save_every=2, lr=3e-3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy machine OpenMP spinning makes them slow."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(**kw):
