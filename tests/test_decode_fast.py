@@ -90,7 +90,20 @@ def test_cuda_graph_decode_is_bit_identical_to_eager():
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_lambda", lambda lam, hook: seen.append(lam))]):
         assert not graph_usable(model)
         model.generate(PROMPTS, 4)
-    assert len(seen) == 4  # one prefill + three eager decode steps: hooks still fire
+    assert len(seen) == 6  # one prefill per prompt length + three eager decode steps: hooks still fire
+
+
+@cuda
+def test_cuda_graph_stops_at_eos_as_eager_does():
+    model = tiny(vocab_size=97).cuda()
+    x = torch.tensor([[5, 17, 33], [7, 7, 12]], device="cuda")
+    free = model.generate(x, 12, cuda_graph=False, return_type="new_tokens")
+    eos = [free[0][1], free[1][2]]  # both rows stop early, at different steps
+    eager = model.generate(x, 12, eos_token_id=eos, cuda_graph=False)
+    assert graph_usable(model)
+    assert torch.equal(model.generate(x, 12, eos_token_id=eos), eager)
+    assert model.generate(x, 12, eos_token_id=eos, return_type="new_tokens") == \
+        model.generate(x, 12, eos_token_id=eos, cuda_graph=False, return_type="new_tokens")
 
 
 @cuda

@@ -53,9 +53,9 @@ def test_lambda_zero_matches_transformers_forward_and_generate(family):
     assert torch.equal(gen.sequences, ref_gen.sequences)
     for step, ref in zip(gen.logits, ref_gen.logits, strict=True):
         torch.testing.assert_close(step, ref, **F32)
-    assert model.generate(prompt, NEW) == ref_gen.sequences[:, 8:].tolist()
+    assert torch.equal(model.generate(prompt, NEW), ref_gen.sequences)  # tensor in: prompt + new tokens
     hf.generation_config.repetition_penalty, hf.generation_config.do_sample = 50.0, True  # not used by generate
-    assert model.generate(prompt, NEW) == ref_gen.sequences[:, 8:].tolist()
+    assert model.generate(prompt, NEW, return_type="new_tokens") == ref_gen.sequences[:, 8:].tolist()
 
 
 def _linear_input(model, layer, ids):
@@ -203,7 +203,7 @@ def test_strength_phases_in_generate_and_recorders_in_every_step():
     rec = ProbeRecorder(model, probes=("e", "rho"), layers=[0, 2])
     with strength(model, 2.0, phase="decode"), model.hooks(fwd_hooks=[("blocks.0.linear_attn.hook_lambda", record)]), \
             rec.attach():
-        new = model.generate([[5, 6, 7, 8, 9], [10, 11, 12]], 4)
+        new = model.generate([[5, 6, 7, 8, 9], [10, 11, 12]], 4, return_type="new_tokens")
     assert [len(t) for t in new] == [4, 4]
     assert sorted(seen) == [0.1, 0.1] + [0.2] * 6  # two prompt lengths: two prefills, 3 decode steps each
     assert rec.stats[("e", 2)].count.tolist() == [5 + 3 + 2 * 3] * 4

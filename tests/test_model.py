@@ -30,6 +30,9 @@ def test_hook_names_and_shapes(model):
         shapes.update({a + "rho": (B, T, H), a + "e": (B, T, H), a + "lambda": (H,)})
         shapes.update({a + n: (B, T, H, K) for n in ("q", "k", "b", "g", "d")})
         shapes.update({a + n: (B, T, H, V) for n in ("v", "w", "Sd", "o")})
+        shapes.update({f"blocks.{l}.attn_norm.hook_scale": (B, T, 1), f"blocks.{l}.mlp_norm.hook_scale": (B, T, 1),
+                       f"blocks.{l}.attn.o_norm.hook_scale": (B, T, H, 1)})
+    shapes["norm.hook_scale"] = (B, T, 1)
     assert {k: tuple(v.shape) for k, v in cache.items()} == shapes
     assert cache["resid_post", 1].shape == (B, T, D)  # ActivationCache lookups work
     # residual bookkeeping is real: resid_mid = resid_pre + attn_out
@@ -239,13 +242,13 @@ def greedy_by_forward(model, prompt, n):
 def test_greedy_generate_matches_repeated_forward_under_strength(model):
     prompts = [[5, 17, 33, 2, 8, 61, 90], [44], [7, 7, 12]]
     with strength(model, 1.5):
-        out = model.generate(prompts, 6)
+        out = model.generate(prompts, 6, return_type="new_tokens")
         expected = [greedy_by_forward(model, p, 6) for p in prompts]
     assert out == expected
     assert out != [greedy_by_forward(model, p, 6) for p in prompts]  # strength 1.5 matters here
     with strength(model, 1.5):
         from_tensor = model.generate(torch.tensor([prompts[0], prompts[0]]), 6)
-    assert from_tensor == [expected[0], expected[0]]
+    assert torch.equal(from_tensor, torch.tensor([prompts[0] + expected[0]] * 2))
 
 
 def test_packed_prefill_respects_sequence_bounds(model):
@@ -263,25 +266,27 @@ def test_generate_applies_strength_to_its_phase(model, phase, prefill_s, decode_
         with strength(model, 0.5, phase=phase):
             model.generate([[1, 2, 3, 4], [9, 8]], 4)
     base = model.blocks[1].attn.lam().detach()
-    assert len(seen) == 4  # one prefill + three decode steps
-    torch.testing.assert_close(seen[0], prefill_s * base)
-    for lam in seen[1:]:
+    assert len(seen) == 5  # one prefill per prompt length + three decode steps
+    for lam in seen[:2]:
+        torch.testing.assert_close(lam, prefill_s * base)
+    for lam in seen[2:]:
         torch.testing.assert_close(lam, decode_s * base)
 
 
 def test_generate_eos_and_sampling(model):
     prompts = [[5, 17, 33], [44, 3]]
-    greedy = model.generate(prompts, 5)
+    greedy = model.generate(prompts, 5, return_type="new_tokens")
     eos = greedy[0][1]
-    out = model.generate(prompts, 5, eos_token_id=eos)
+    out = model.generate(prompts, 5, eos_token_id=eos, return_type="new_tokens")
     cut = greedy[0].index(eos) + 1
     assert out[0] == greedy[0][:cut]
     assert out[1] == (greedy[1][:greedy[1].index(eos) + 1] if eos in greedy[1] else greedy[1])
-    assert model.generate(prompts, 0) == [[], []]
-    assert model.generate(prompts, 5, do_sample=True, top_k=1) == greedy
+    assert model.generate(prompts, 0, return_type="new_tokens") == [[], []]
+    assert model.generate(prompts, 0) == prompts
+    assert model.generate(prompts, 5, do_sample=True, top_k=1, return_type="new_tokens") == greedy
     s1 = model.generate(prompts, 5, do_sample=True, temperature=2.0, generator=torch.Generator().manual_seed(0))
     s2 = model.generate(prompts, 5, do_sample=True, temperature=2.0, generator=torch.Generator().manual_seed(0))
-    assert s1 == s2 and all(len(s) == 5 for s in s1)
+    assert s1 == s2 and [len(s) for s in s1] == [3 + 5, 2 + 5]
 
 
 @pytest.mark.parametrize("args, kwargs, match", [
@@ -290,10 +295,21 @@ def test_generate_eos_and_sampling(model):
     (([[1, 97]],), {}, r"token ids must be ints in \[0, 97\)"),
     (([[1]],), {"max_new_tokens": -1}, "`max_new_tokens`"),
     (([[1]],), {"eos_token_id": 97}, "`eos_token_id`"),
-    (([[1]],), {"temperature": 0.0}, "`temperature`"),
-    (([[1]],), {"top_k": 0}, "`top_k`"),
-    (([[1]],), {"generator": 3}, "`generator`"),
+    (([[1]],), {"eos_token_id": [3, -1]}, "`eos_token_id`"),
+    (([[1]],), {"eos_token_id": 2.0}, "`eos_token_id`"),
+    (([[1]],), {"temperature": 0.0, "do_sample": True}, "`temperature`"),
+    (([[1]],), {"top_k": 0, "do_sample": True}, "`top_k`"),
+    (([[1]],), {"top_p": 0.0, "do_sample": True}, "`top_p`"),
+    (([[1]],), {"top_p": 1.5, "do_sample": True}, "`top_p`"),
+    (([[1]],), {"generator": 3, "do_sample": True}, "`generator`"),
+    (([[1]],), {"top_p": 0.9}, "`top_p` act only when sampling"),
+    (([[1]],), {"temperature": 0.7, "top_k": 3}, "`temperature`, `top_k` act only when sampling"),
+    (([[1]],), {"return_type": "str"}, "`return_type`"),
+    (([[1]],), {"stop_at_eos": 1}, "`stop_at_eos`"),
+    (([[1]],), {"pad_token_id": "x"}, "`pad_token_id`"),
+    (("some text",), {}, "no tokenizer"),
     ((torch.ones(2, 3),), {}, "integer tensor"),
+    ((torch.ones(2, 3, 4, dtype=torch.long),), {}, "integer tensor"),
 ])
 def test_generate_bad_input(model, args, kwargs, match):
     kwargs = {"max_new_tokens": 2, **kwargs}

@@ -492,7 +492,8 @@ def generate_at(model, prompts, n_new: int, s: float, iv: Intervention, eos_id, 
     from qedprobe.model import strength as strength_cm
     with torch.inference_mode(), strength_cm(model, s, layers=iv.layers, heads=iv.heads, phase=iv.phase,
                                              allow_extrapolation=iv.allow_extrapolation):
-        return model.generate(prompts, n_new, eos_token_id=eos_id, do_sample=False, cuda_graph=cuda_graph)
+        return model.generate(prompts, n_new, eos_token_id=eos_id, do_sample=False, return_type="new_tokens",
+                              cuda_graph=cuda_graph)
 
 
 def rows_from_outputs(nt: NIAHTask | RulerTask, length: int, s: float, samples: dict, outputs, seed: int) -> list[dict]:

@@ -4,7 +4,7 @@ recurrences run through qedprobe, hooked like a ``QEDModel``.
     model = adapt(AutoModelForCausalLM.from_pretrained(folder))   # or adapt(folder)
     logits = model(ids)                                  # [B, T, vocab], a prefill pass
     logits, cache = model.run_with_cache(ids)            # cache["blocks.0.linear_attn.hook_e"]
-    new = model.generate([[...], [...]], 16)             # new tokens per prompt (HF generate)
+    new = model.generate([[...], [...]], 16, return_type="new_tokens")   # as QEDModel.generate
 
 The transformers model is ``model.hf_model`` (the same object: no weight is copied). Its
 Gated DeltaNet layers call qedprobe's op for their recurrence (see :mod:`.route`); everything
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import defaultdict
 
 import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from qedprobe.model.generate import check_generate_options, until_eos
+from qedprobe.model.generate import (DEFAULT_MAX_NEW_TOKENS, as_output, check_generate_options, check_sampling,
+                                     eos_ids, until_stop)
 from qedprobe.model.hooked import HookedModel
 from qedprobe.model.packing import pack_prompts
 
@@ -134,13 +134,15 @@ class HFQEDModel(HookedModel):
         return out.logits
 
     @torch.no_grad()
-    def generate(self, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
+    def generate(self, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
+                 eos_token_id: int | list[int] | None = None, stop_at_eos: bool = True,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
-        """New tokens per prompt, as ``QEDModel.generate`` (same arguments and result), by
-        transformers' ``generate`` with its own cache.
+                 top_p: float | None = None, generator: torch.Generator | None = None,
+                 return_type: str = "input", pad_token_id: int | None = None, cuda_graph: bool = True):
+        """As ``QEDModel.generate`` (same arguments and result: the prompts with their new tokens
+        in the input's form, or ``return_type="new_tokens"``), by transformers' ``generate`` with
+        its own cache.
 
-        ``prompts``: a LongTensor ``[B, T]``, a list of token-id lists or a ``PackedPrompts``.
         Prompts of equal length run as one batch, so no padding token ever enters the recurrence
         or the probes. Greedy by default; sampling uses transformers' samplers and torch's global
         generator (``generator`` must be None). Only the arguments given here are used, with
@@ -151,29 +153,24 @@ class HFQEDModel(HookedModel):
         from transformers import GenerationConfig
         vocab = self.cfg.vocab_size
         packed = pack_prompts(prompts, vocab, self.device)
-        check_generate_options(max_new_tokens, eos_token_id, temperature, top_k, generator, vocab)
+        check_generate_options(max_new_tokens, stop_at_eos, pad_token_id, return_type)
+        check_sampling(do_sample, temperature, top_k, top_p, generator)
+        eos = eos_ids(eos_token_id, vocab)
+        stop_ids = eos if stop_at_eos else ()
         if generator is not None:
             raise ValueError("generate: `generator` is not supported for a transformers model "
                              "(it samples with torch's global generator: use torch.manual_seed)")
-        if max_new_tokens == 0:
-            return [[] for _ in packed.lengths]
-        sampling = dict(temperature=temperature, top_k=top_k or 0, top_p=1.0) if do_sample else {}
-        gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, **sampling,
-                               eos_token_id=eos_token_id,
-                               pad_token_id=eos_token_id if eos_token_id is not None else 0)
-        rows = packed.ids[0].split(list(packed.lengths))
-        by_length = defaultdict(list)
-        for i, n in enumerate(packed.lengths):
-            by_length[n].append(i)
-        out = [None] * len(rows)
-        with _defaults_only(self.hf_model):
-            for n, who in by_length.items():
-                ids = torch.stack([rows[i] for i in who])
-                new = self.hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)[:, n:]
-                new = torch.nn.functional.pad(new, (0, max_new_tokens - new.shape[1]), value=gen.pad_token_id)
-                for i, toks in zip(who, until_eos(new, eos_token_id)):
-                    out[i] = toks
-        return out
+        new = [[] for _ in packed.lengths]
+        if max_new_tokens > 0:
+            sampling = dict(temperature=temperature, top_k=top_k or 0, top_p=top_p or 1.0) if do_sample else {}
+            gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, **sampling,
+                                   eos_token_id=list(stop_ids) or None, pad_token_id=stop_ids[0] if stop_ids else 0)
+            with _defaults_only(self.hf_model):
+                for who, ids in packed.by_length():
+                    out = self.hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+                    for i, toks in zip(who, until_stop(out[:, ids.shape[1]:].tolist(), stop_ids)):
+                        new[i] = toks
+        return as_output(prompts, packed, new, return_type, pad_token_id, eos)
 
 
 @contextlib.contextmanager

@@ -109,6 +109,15 @@ class QEDConfig(TLAliases):
         """Value dimension per head, ``V = head_dim * expand_v``."""
         return int(round(self.head_dim * self.expand_v))
 
+    @property
+    def d_mlp(self) -> int:
+        return self.intermediate_size
+
+    # What TransformerLens' ActivationCache residual helpers read (QEDActivationCache): no
+    # attention-only model, RMSNorm before each sub-layer and before the unembedding.
+    attn_only = False
+    normalization_type = "RMS"
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -34,11 +34,15 @@ STOP_CHECK_EVERY = 4
 synchronises; an eager step is read after every step)."""
 
 
+def hooks_attached(model) -> bool:
+    """Whether any hook point of ``model`` has a hook (forward or backward)."""
+    return any(hp.has_hooks() for hp in model.hook_dict.values())
+
+
 def graph_usable(model) -> bool:
     """Whether the decode step of ``model`` may be replayed from a CUDA graph (see module doc)."""
     return (model.device.type == "cuda" and model.cfg.op_mode in ("auto", "recurrent")
-            and not value_checks_enabled()
-            and not any(hp.has_hooks() for hp in model.hook_dict.values()))
+            and not value_checks_enabled() and not hooks_attached(model))
 
 
 def _clone(states):

@@ -48,13 +48,15 @@ def hook_name(name: str, layer: int | None = None, mixer_name: str = "attn") -> 
 
 
 class HookedModel(HookedRootModule):
-    """``HookedRootModule`` whose ``run_with_cache`` returns an ``ActivationCache`` by default."""
+    """``HookedRootModule`` whose ``run_with_cache`` returns a ``cache_class`` (TransformerLens'
+    ``ActivationCache``, or a model's subclass of it) by default."""
 
     mixer_name = "attn"
+    cache_class = ActivationCache
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        pos_slice=None, **kwargs):
-        """As ``HookedRootModule.run_with_cache``, returning an ``ActivationCache`` by default.
+        """As ``HookedRootModule.run_with_cache``, returning a ``cache_class`` by default.
 
         ``pos_slice`` slices the position axis of every cached tensor (axis 1, or 0 without the
         batch axis) and leaves per-head ``[H]`` lambda alone.
@@ -64,5 +66,5 @@ class HookedModel(HookedRootModule):
             pos, cut = int(not remove_batch_dim), Slice.unwrap(pos_slice)
             cache = {k: cut.apply(v, dim=pos) if v.dim() > pos + 1 else v for k, v in cache.items()}
         if return_cache_object:
-            cache = ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
+            cache = self.cache_class(cache, self, has_batch_dim=not remove_batch_dim)
         return out, cache

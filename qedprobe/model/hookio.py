@@ -21,14 +21,17 @@ def through(hook: HookPoint, x: torch.Tensor, *shapes: tuple) -> torch.Tensor:
     return out
 
 
-def observe(hook: HookPoint, x: torch.Tensor) -> None:
-    """Run ``hook`` on ``x`` as a read-only observation."""
+RECURRENCE_ADVICE = (" To intervene, hook an input of the recurrence (hook_q, hook_k, hook_v, hook_b, "
+                     "hook_w, hook_g, hook_lambda or hook_d).")
+
+
+def observe(hook: HookPoint, x: torch.Tensor, advice: str = RECURRENCE_ADVICE) -> None:
+    """Run ``hook`` on ``x`` as a read-only observation (``advice`` ends the error message)."""
     out = hook(x)
     if out is x:
         return
     if not (isinstance(out, torch.Tensor) and out.shape == x.shape and out.device == x.device
             and torch.equal(out, x)):
         raise ValueError(
-            f"hook `{hook.name}` is read-only (an observation of the recurrence): it must return "
-            "None or the tensor unchanged. To intervene, hook an input of the recurrence "
-            "(hook_q, hook_k, hook_v, hook_b, hook_w, hook_g, hook_lambda or hook_d).")
+            f"hook `{hook.name}` is read-only (an observation): it must return None or the tensor "
+            f"unchanged.{advice}")

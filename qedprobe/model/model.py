@@ -4,9 +4,12 @@ r"""`QEDModel`: a hooked QED language model (TransformerLens ``HookedRootModule`
     x_l = block_l(x_{l-1})                             blocks.{l}.hook_*   (see block.py, mixer.py)
     logits = rms_norm(x_L) @ E^T   (E: the embedding, tied; or lm_head when untied)
 
-``model(ids)`` is a prefill pass (for ``strength(..., phase=...)``). ``run_with_cache`` returns a
-TransformerLens ``ActivationCache``; ``run_with_hooks`` and ``model.hooks(...)`` work as usual
-(hooks also fire inside ``generate``). Parameter names follow fla's models without the
+``model(ids)`` is a prefill pass (for ``strength(..., phase=...)``); ``return_type="loss"`` gives
+the next-token cross-entropy, as TransformerLens' ``forward`` does. ``run_with_cache`` returns a
+:class:`~.cache.QEDActivationCache` (TransformerLens' ``ActivationCache`` with this model's
+names); ``run_with_hooks`` and ``model.hooks(...)`` work as usual (hooks also fire inside
+``generate``). ``W_U``, ``ln_final`` and ``tokens_to_residual_directions`` are what the cache's
+residual helpers read. Parameter names follow fla's models without the
 ``model.`` prefix, with ``layers`` renamed ``blocks``.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from transformer_lens.hook_points import HookPoint
 
 from . import checkpoint, generate as generation
 from .block import QEDBlock
+from .cache import QEDActivationCache
 from .config import QEDConfig
 from .conv import ShortConvolution
 from .hooked import HookedModel
@@ -28,10 +32,13 @@ from .norm import RMSNorm
 from .strength import lambda_scales
 
 PHASES = ("prefill", "decode")
+RETURN_TYPES = ("logits", "loss", "both", None)
 
 
 class QEDModel(HookedModel):
     """Embedding, ``num_hidden_layers`` QED blocks, final RMSNorm, (tied) LM head."""
+
+    cache_class = QEDActivationCache  # run_with_cache's cache: TL's helpers on this model's names
 
     def __init__(self, cfg: QEDConfig):
         super().__init__()
@@ -74,9 +81,26 @@ class QEDModel(HookedModel):
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise ValueError(f"QEDModel: token ids must lie in [0, {self.cfg.vocab_size}), got {lo}..{hi}")
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids`` ``[B, T]`` -> logits ``[B, T, vocab_size]`` (a prefill pass)."""
-        return self.forward_with_state(input_ids)[0]
+    def forward(self, input_ids: torch.Tensor, return_type: str | None = "logits",
+                loss_per_token: bool = False):
+        """``input_ids`` ``[B, T]`` -> logits ``[B, T, vocab_size]`` (a prefill pass).
+
+        ``return_type`` as TransformerLens: ``"logits"``, ``"loss"`` (the mean next-token
+        cross-entropy ``-log p(x_{t+1} | x_{<=t})``, a scalar, or ``[B, T - 1]`` with
+        ``loss_per_token``), ``"both"`` (``(logits, loss)``) or ``None``.
+        """
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"QEDModel: `return_type` must be one of {RETURN_TYPES}, got {return_type!r}")
+        logits = self.forward_with_state(input_ids)[0]
+        if return_type in ("logits", None):
+            return None if return_type is None else logits
+        if input_ids.shape[1] < 2:
+            raise ValueError(f"QEDModel: return_type={return_type!r} needs at least 2 tokens per row, "
+                             f"got `input_ids` of shape {tuple(input_ids.shape)}")
+        logp = logits[:, :-1].float().log_softmax(-1)
+        loss = -logp.gather(-1, input_ids[:, 1:, None].long())[..., 0]
+        loss = loss if loss_per_token else loss.mean()
+        return loss if return_type == "loss" else (logits, loss)
 
     def forward_with_state(self, input_ids: torch.Tensor, *, states: list[MixerState] | None = None,
                            cu_seqlens: torch.Tensor | None = None, phase: str = "prefill",
@@ -120,13 +144,35 @@ class QEDModel(HookedModel):
         logits = F.linear(x, self.embeddings.weight) if self.lm_head is None else self.lm_head(x)
         return logits, (new_states if want_state else None)
 
-    def generate(self, prompts, max_new_tokens: int, *, eos_token_id: int | None = None,
-                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None, cuda_graph: bool = True) -> list[list[int]]:
-        """New tokens per prompt; see :func:`qedprobe.model.generate.generate`."""
-        return generation.generate(self, prompts, max_new_tokens, eos_token_id=eos_token_id,
-                                   do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                   generator=generator, cuda_graph=cuda_graph)
+    @property
+    def W_U(self) -> torch.Tensor:
+        """The unembedding ``[d_model, vocab]`` (the tied embedding transposed, or ``lm_head``'s):
+        ``logits = ln_final(resid) @ W_U``."""
+        return (self.embeddings.weight if self.lm_head is None else self.lm_head.weight).T
+
+    @property
+    def ln_final(self) -> RMSNorm:
+        """The final RMSNorm (TransformerLens' name for ``self.norm``)."""
+        return self.norm
+
+    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+        """Token ids (an int or an integer tensor of any shape) -> their ``W_U`` columns,
+        ``[*tokens.shape, d_model]``: the residual direction (after ``ln_final``) whose dot
+        product is the token's logit."""
+        if isinstance(tokens, str):
+            self.to_single_token(tokens)
+        t = torch.as_tensor(tokens, device=self.device)
+        if t.dtype not in (torch.int32, torch.int64) or t.numel() == 0 \
+                or int(t.min()) < 0 or int(t.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"QEDModel: `tokens` must be token ids in [0, {self.cfg.vocab_size}), got {tokens!r:.80}")
+        return self.W_U.T[t]
+
+    def to_single_token(self, string: str):
+        """Refused: the model carries no tokenizer (pass token ids, e.g. ``qedprobe.tokenizer``'s)."""
+        raise ValueError(f"QEDModel has no tokenizer, so {string!r} cannot become a token: pass token ids "
+                         "(encode with qedprobe.tokenizer.load_tokenizer or your tokenizer)")
+
+    generate = generation.generate  # model.generate(prompts, max_new_tokens=16, ...): see that function
 
     def save_pretrained(self, path) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``."""

@@ -1,6 +1,6 @@
 r"""Prompts packed into one row for a prefill: validated once on the host, moved to the device once.
 
-:func:`pack_prompts` turns a LongTensor ``[B, T]`` or a list of non-empty token-id lists into a
+:func:`pack_prompts` turns an integer tensor ``[B, T]`` (or ``[T]``: one prompt) or a list of non-empty token-id lists into a
 :class:`PackedPrompts`: the ids ``[1, sum T]`` and ``cu_seqlens`` ``[N + 1]`` on the device, the
 prompt lengths on the host. Validation is vectorised (one pass over the ids in C, no per-token
 Python loop) and happens here, so ``generate`` needs no device synchronisation to check ids. A
@@ -10,7 +10,7 @@ sweep that runs the same prompts at several strengths packs them once and passes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 
 import torch
 
@@ -30,17 +30,31 @@ class PackedPrompts:
         """``[N]`` position of each prompt's last token in the packed row."""
         return self.cu_seqlens[1:].long() - 1
 
+    def by_length(self):
+        """Per distinct prompt length ``T`` (in order of first appearance): ``(the indices of
+        the prompts of that length, their ids [n, T] on the device)``."""
+        starts = [0, *accumulate(self.lengths)]
+        groups: dict[int, list[int]] = {}
+        for i, T in enumerate(self.lengths):
+            groups.setdefault(T, []).append(i)
+        for T, prompts in groups.items():
+            index = torch.tensor([starts[i] for i in prompts])[:, None] + torch.arange(T)
+            yield prompts, self.ids[0, index.to(self.ids.device)]
+
 
 def _flat_ids(prompts) -> tuple[torch.Tensor, tuple]:
     """``(ids [total] int64 on the host or prompts' device, lengths)`` of valid-typed ``prompts``."""
     if isinstance(prompts, torch.Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None]
         if prompts.dim() != 2 or prompts.dtype not in (torch.int32, torch.int64) or prompts.numel() == 0:
-            raise ValueError(f"generate: tensor `prompts` must be a non-empty integer tensor [B, T], "
+            raise ValueError(f"generate: tensor `prompts` must be a non-empty integer tensor [B, T] or [T], "
                              f"got {prompts.dtype} {tuple(prompts.shape)}")
         return prompts.reshape(-1).long(), (prompts.shape[1],) * prompts.shape[0]
     if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise ValueError(f"generate: `prompts` must be a LongTensor [B, T] or a non-empty list of "
-                         f"token-id lists, got {prompts!r:.80}")
+        hint = " (QEDModel has no tokenizer: encode the text first)" if isinstance(prompts, str) else ""
+        raise ValueError(f"generate: `prompts` must be an integer tensor [B, T] or [T], or a non-empty "
+                         f"list of token-id lists, got {prompts!r:.80}{hint}")
     if any(not isinstance(p, (list, tuple)) or not p for p in prompts):
         raise ValueError("generate: `prompts` must be a list of non-empty lists of token ids")
     flat = list(chain.from_iterable(prompts))

@@ -1,0 +1,190 @@
+"""The conventions TransformerLens and Hugging Face users expect: ``generate``'s calling convention,
+hooks inside ``generate`` seeing one row per prompt, ``forward(return_type="loss")`` and the
+``ActivationCache`` helpers (checked against exact identities, transformers' own warpers and
+autograd)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformer_lens", reason="the hooked model needs transformer-lens")
+
+from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, filter_logits
+
+from _tiny import ids, tiny
+
+PROMPTS = [[5, 17, 33], [44, 3], [7, 7, 12]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny()
+
+
+# --- generate ------------------------------------------------------------------------------
+
+def test_tensor_in_gives_tensor_out_with_the_prompt(model):
+    x = torch.tensor([PROMPTS[0], PROMPTS[2]])
+    full = model.generate(x, 6)
+    new = model.generate(x, 6, return_type="new_tokens")
+    assert isinstance(full, torch.Tensor) and full.dtype == torch.long and full.shape == (2, 3 + 6)
+    assert torch.equal(full[:, :3], x)
+    assert full[:, 3:].tolist() == new
+    one = model.generate(x[1], 6)  # a 1-D prompt gives a 1-D result
+    assert one.shape == (9,) and torch.equal(one, full[1])
+    assert model.generate(x).shape == (2, 3 + DEFAULT_MAX_NEW_TOKENS)
+    assert model.generate(PROMPTS, 4) == [p + n for p, n in zip(PROMPTS, model.generate(PROMPTS, 4, return_type="new_tokens"))]
+
+
+def test_eos_as_a_list_stops_each_prompt_and_pads_the_tensor(model):
+    x = torch.tensor([PROMPTS[0], PROMPTS[2]])
+    free = model.generate(x, 8, return_type="new_tokens")
+    eos = [free[0][1], free[1][3]]
+
+    def until_eos(row):
+        return row[:next((i for i, t in enumerate(row) if t in eos), len(row) - 1) + 1]
+
+    new = model.generate(x, 8, eos_token_id=eos, return_type="new_tokens")
+    assert new == [until_eos(r) for r in free] and len(new[0]) <= 2 and len(new[1]) <= 4
+    full = model.generate(x, 8, eos_token_id=eos, pad_token_id=0)
+    assert full.shape == (2, 3 + max(len(n) for n in new))
+    for row, n in zip(full.tolist(), new):
+        assert row[3:3 + len(n)] == n and set(row[3 + len(n):]) <= {0}
+    padded_with_eos = model.generate(x, 8, eos_token_id=eos)
+    assert set(padded_with_eos[0, 3 + len(new[0]):].tolist()) <= {eos[0]}
+    assert model.generate(x, 8, eos_token_id=eos, stop_at_eos=False, return_type="new_tokens") == free
+
+
+def test_top_k_and_top_p_filter_as_transformers_does():
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for top_p in (0.05, 0.3, 0.9, 0.999):
+        ours = filter_logits(logits, None, top_p)
+        assert torch.equal(ours, TopPLogitsWarper(top_p)(None, logits.clone()))
+    for top_k in (1, 7, 49):
+        assert torch.equal(filter_logits(logits, top_k, None), TopKLogitsWarper(top_k)(None, logits.clone()))
+    both = TopPLogitsWarper(0.5)(None, TopKLogitsWarper(10)(None, logits.clone()))
+    assert torch.equal(filter_logits(logits, 10, 0.5), both)
+
+
+def test_top_p_sampling_draws_only_from_the_nucleus(model):
+    gen = torch.Generator().manual_seed(0)
+    tiny_p = model.generate(PROMPTS, 5, do_sample=True, top_p=1e-6, generator=gen, return_type="new_tokens")
+    assert tiny_p == model.generate(PROMPTS, 5, return_type="new_tokens")  # nucleus of one: greedy
+
+
+# --- hooks inside generate see one row per prompt -----------------------------------------------
+
+def _record(model, names, run):
+    seen = {n: [] for n in names}
+    hooks = [(n, lambda x, hook: seen[hook.name].append(x.detach().clone())) for n in names]
+    with model.hooks(fwd_hooks=hooks):
+        out = run()
+    return out, seen
+
+
+def test_prefill_hooks_see_each_prompt_as_in_a_one_prompt_run(model):
+    names = ["blocks.1.attn.hook_e", "blocks.0.hook_resid_post", "blocks.1.attn.hook_Sd"]
+    out, seen = _record(model, names, lambda: model.generate(PROMPTS, 3, return_type="new_tokens"))
+    assert out == model.generate(PROMPTS, 3, return_type="new_tokens")  # hooked == packed
+    e = seen["blocks.1.attn.hook_e"]
+    assert [tuple(t.shape) for t in e] == [(2, 3, 2), (1, 2, 2), (3, 1, 2), (3, 1, 2)]  # lengths 3, 2; 2 steps
+    rows = {0: (0, 0), 2: (0, 1), 1: (1, 0)}  # prompt -> (prefill call, row)
+    for name in names:
+        for p, (call, row) in rows.items():
+            _, cache = model.run_with_cache(torch.tensor([PROMPTS[p]]), names_filter=name)
+            torch.testing.assert_close(seen[name][call][row], cache[name][0], rtol=1e-5, atol=1e-6)
+
+
+def test_writable_hooks_inside_generate_act_per_prompt(model):
+    from qedprobe.hooks import zero_direction
+
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_d", zero_direction)]):
+        ragged = model.generate(PROMPTS, 4, return_type="new_tokens")
+        alone = [model.generate([p], 4, return_type="new_tokens")[0] for p in PROMPTS]
+    assert ragged == alone
+    assert ragged != model.generate(PROMPTS, 4, return_type="new_tokens")  # the hook matters here
+
+
+# --- forward and the ActivationCache ---------------------------------------------------------
+
+def test_forward_loss_is_next_token_cross_entropy(model):
+    x = ids(2, 9)
+    logits, loss = model(x, return_type="both")
+    ref = F.cross_entropy(logits[:, :-1].reshape(-1, 97), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(model(x, return_type="loss"), ref)
+    per = model(x, return_type="loss", loss_per_token=True)
+    assert per.shape == (2, 8) and torch.allclose(per.mean(), ref)
+    assert model(x, return_type=None) is None
+    with pytest.raises(ValueError, match="`return_type`"):
+        model(x, return_type="str")
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        model(x[:, :1], return_type="loss")
+
+
+def test_run_with_cache_backward_on_the_loss_caches_gradients(model):
+    x = ids(2, 9)
+    loss, cache = model.run_with_cache(x, return_type="loss", incl_bwd=True)
+    model.zero_grad()
+    resid = {}
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lambda t, hook: resid.setdefault("x", t))]):
+        ref_loss = model(x, return_type="loss")
+    (grad,) = torch.autograd.grad(ref_loss, resid["x"])
+    torch.testing.assert_close(cache["blocks.0.hook_resid_post_grad"], grad)
+    assert cache["blocks.1.attn.hook_o_grad"].abs().sum() > 0
+    model.zero_grad()
+
+
+def test_cache_shorthand_reaches_the_mixer_probes(model):
+    _, cache = model.run_with_cache(ids(2, 9))
+    assert torch.equal(cache["e", 0], cache["blocks.0.attn.hook_e"])
+    assert torch.equal(cache["e", -1], cache["blocks.1.attn.hook_e"])
+    assert torch.equal(cache["e", 1, "attn"], cache["blocks.1.attn.hook_e"])
+    assert torch.equal(cache["lambda", 1], cache["blocks.1.attn.hook_lambda"])
+    assert torch.equal(cache["Sd", 0], cache["blocks.0.attn.hook_Sd"])
+    assert torch.equal(cache["q", 0], cache["blocks.0.attn.hook_q"])
+    assert torch.equal(cache["scale", 1, "ln2"], cache["blocks.1.mlp_norm.hook_scale"])
+    assert torch.equal(cache.stack_activation("e"), torch.stack([cache["e", 0], cache["e", 1]]))
+    with pytest.raises(KeyError, match="no cached activation 'blocks.0.attn.hook_pattern'"):
+        cache["pattern", 0]
+
+
+def test_residual_decomposition_and_norms_are_exact(model):
+    x = ids(2, 9)
+    logits, cache = model.run_with_cache(x)
+    parts, labels = cache.decompose_resid(return_labels=True)
+    assert labels == ["embed", "0_attn_out", "0_mlp_out", "1_attn_out", "1_mlp_out"]
+    torch.testing.assert_close(parts.sum(0), cache["resid_post", 1])
+    normed = cache.decompose_resid(apply_ln=True)               # shares of the final norm's output
+    torch.testing.assert_close(normed.sum(0), model.norm(cache["resid_post", 1]))
+    mid = cache.apply_ln_to_stack(cache.decompose_resid(layer=1), layer=1)  # what layer 1's mixer reads
+    torch.testing.assert_close(mid.sum(0), model.blocks[1].attn_norm(cache["resid_pre", 1]))
+    scale = cache["blocks.1.attn_norm.hook_scale"]
+    torch.testing.assert_close(scale, cache["resid_pre", 1].pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+    acc, labels = cache.accumulated_resid(apply_ln=True, return_labels=True)
+    assert labels == ["0_pre", "1_pre", "final_post"]
+    torch.testing.assert_close(acc[-1] @ model.W_U, logits)  # logit lens ends at the logits
+
+
+def test_logit_attributions_sum_to_the_logits(model):
+    x = ids(2, 9)
+    logits, cache = model.run_with_cache(x)
+    target = x[:, -1]
+    attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), target, pos_slice=-1)
+    assert attrs.shape == (5, 2)
+    torch.testing.assert_close(attrs.sum(0), logits[torch.arange(2), -1, target])
+    diff = cache.logit_attrs(cache.decompose_resid(), 5, incorrect_tokens=7)
+    torch.testing.assert_close(diff.sum(0), logits[..., 5] - logits[..., 7])
+    with pytest.raises(ValueError, match="no tokenizer"):
+        cache.logit_attrs(cache.decompose_resid(), " the")
+    with pytest.raises(ValueError, match=r"token ids in \[0, 97\)"):
+        cache.logit_attrs(cache.decompose_resid(), 97)
+
+
+@pytest.mark.parametrize("helper", ["stack_head_results", "compute_head_results", "stack_neuron_results",
+                                    "get_full_resid_decomposition", "logit_lens"])
+def test_helpers_without_meaning_here_say_so(model, helper):
+    _, cache = model.run_with_cache(ids(1, 5))
+    with pytest.raises(ValueError, match=f"ActivationCache.{helper}: "):
+        getattr(cache, helper)()
