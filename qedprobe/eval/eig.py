@@ -267,7 +267,31 @@ class EigAccumulator:
             paths += self.plot(out)
         return paths
 
+    def title(self) -> str:
+        """What the figures show: model, arm, input and strength, from :attr:`meta`."""
+        m = self.meta
+        model = Path(m["model"]).name if m.get("model") else "model"
+        source = Path(m["text"]).name if m.get("text") else m.get("task") or ""
+        length = f"L = {m['length']}" if m.get("length") else ""
+        parts = [f"{model} (arm {m.get('arm', '?')})", source, length, f"s = {m.get('s', 1.0):g}"]
+        return ", ".join(p for p in parts if p)
+
+    def _hist_range(self, name: str, hist: torch.Tensor) -> tuple[float, float]:
+        """The x range of the occupied bins of ``hist`` (``name``'s ``[L, H, bins + 2]``) over every
+        recorded layer and head (with a two-bin margin; ``e``'s range always shows 0 and 1)."""
+        lo, hi, n = BINS[name]
+        used = (hist[self.layers, :, 1:-1] > 0).any(0).any(0).nonzero()
+        if len(used) == 0:
+            return lo, hi
+        width = (hi - lo) / n
+        a, b = lo + (int(used[0]) - 2) * width, lo + (int(used[-1]) + 3) * width
+        if name == "e":
+            a, b = min(a, -0.05), max(b, 1.05)
+        return max(a, lo), min(b, hi)
+
     def plot(self, out) -> list[Path]:
+        """One figure of per-head histograms per quantity (empty bins are gaps, not a floor),
+        and ``eig_heatmaps.png`` (min e, max e, max sigma per layer and head)."""
         from .plots import figure
         out = Path(out)
         paths = []
@@ -279,16 +303,16 @@ class EigAccumulator:
                                     ("log10_sigma_m1", "log10(sigma_max(M_t) - 1)", "eig_sigma_hist.png"),
                                     ("log10_corr", "log10 |lam rho| scale ||S_bar^T d||", "eig_corr_hist.png"),
                                     ("rho", "rho_t = q_t . k_t", "eig_rho_hist.png")):
-            lo, hi, n = BINS[name]
             centers = 0.5 * (self.edges[name][1:] + self.edges[name][:-1]).numpy()
-            fig = figure(figsize=(3.2 * cols, 2.4 * rows))
+            fig = figure(figsize=(3.2 * cols, 2.4 * rows + 0.4))
             axes = fig.subplots(rows, cols, squeeze=False)
             for j, l in enumerate(self.layers):
                 ax = axes[j // cols][j % cols]
                 for h in range(self.H):
-                    hist = all_hist[name][l, h, 1:-1].numpy()
-                    ax.step(centers, np.maximum(hist, 0.5), where="mid", lw=0.8, label=f"h{h}")
+                    hist = all_hist[name][l, h, 1:-1].numpy().astype(float)
+                    ax.step(centers, np.where(hist > 0, hist, np.nan), where="mid", lw=0.8, label=f"h{h}")
                 ax.set_yscale("log")
+                ax.set_xlim(*self._hist_range(name, all_hist[name]))
                 ax.set_title(f"layer {l}", fontsize=8)
                 ax.tick_params(labelsize=7)
                 if name == "e":
@@ -296,29 +320,40 @@ class EigAccumulator:
                         ax.axvline(v, color="k", lw=0.5, ls="--")
             for j in range(L, rows * cols):
                 axes[j // cols][j % cols].axis("off")
-            axes[0][0].legend(fontsize=6, ncol=2)
+            axes[0][0].legend(fontsize=6, ncol=2 if self.H <= 8 else 4)
+            fig.suptitle(self.title(), fontsize=9)
             fig.supxlabel(xlabel, fontsize=9)
             fig.supylabel("tokens (log)", fontsize=9)
             fig.tight_layout()
             fig.savefig(out / fname, dpi=110)
             paths.append(out / fname)
-        # heat maps: min e, max e, fraction sigma > 1
-        fig = figure(figsize=(11, 0.4 * L + 2.0))
+        paths.append(self._plot_heatmaps(out / "eig_heatmaps.png"))
+        return paths
+
+    def _plot_heatmaps(self, path: Path) -> Path:
+        """min e_t, max e_t and max sigma_max(M_t) as ``[layer, head]`` maps with integer ticks."""
+        from matplotlib.ticker import MaxNLocator
+
+        from .plots import figure
+        L = len(self.layers)
+        fig = figure(figsize=(11, 0.3 * L + 2.4))
         axes = fig.subplots(1, 3)
         for ax, (title, data) in zip(axes, (("min e_t", self.min["e"][self.layers].numpy()),
                                              ("max e_t", self.max["e"][self.layers].numpy()),
                                              ("max sigma_max(M_t)", self.max["sigma"][self.layers].numpy()))):
-            im = ax.imshow(data, aspect="auto", cmap="viridis")
+            im = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("head")
             ax.set_ylabel("layer")
-            ax.set_yticks(range(L))
-            ax.set_yticklabels(self.layers, fontsize=6)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(self.H, 16)))
+            step = max(1, math.ceil(L / 24))  # at most 24 layer labels, so they never overlap
+            ax.set_yticks(range(0, L, step))
+            ax.set_yticklabels(self.layers[::step], fontsize=7)
             fig.colorbar(im, ax=ax)
+        fig.suptitle(self.title(), fontsize=9)
         fig.tight_layout()
-        fig.savefig(out / "eig_heatmaps.png", dpi=110)
-        paths.append(out / "eig_heatmaps.png")
-        return paths
+        fig.savefig(path, dpi=110)
+        return path
 
 
 # ------------------------------------------------------------------------------------ inputs

@@ -1,10 +1,23 @@
 """Shared pieces of the figures of ``sweep``, ``report`` and ``eig`` (matplotlib).
 
 Figures are plain ``matplotlib.figure.Figure`` objects saved to files: pyplot is never imported
-and the global backend is left alone, so a notebook's inline figures keep working after a sweep."""
+and the global backend is left alone, so a notebook's inline figures keep working after a sweep.
+
+Accuracy figures draw several series over the same x values (strengths at one length, arms at
+one strength), which often coincide (every arm at 0 %): each series gets its own marker and a
+small horizontal offset (:func:`series_style`), so no line hides another. Tick labels that would
+touch are thinned (:func:`spaced_labels`).
+"""
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LOG_SPREAD = 0.4
+"""Octaves over which the series of a log2 length axis are spread around each length."""
+LINEAR_SPREAD = 0.4
+"""Fraction of the smallest gap between x values over which series of a linear axis are spread."""
 
 
 def figure(**kwargs):
@@ -19,21 +32,69 @@ def format_length(L: int) -> str:
     return f"{L // 1024}K" if L % 1024 == 0 else str(L)
 
 
-def accuracy_errorbar(ax, points, **kwargs) -> None:
-    """Plot ``[(x, summary_row)]`` as accuracy % with the row's Wilson 95% interval as error bars."""
-    x = [p[0] for p in points]
+def series_style(j: int, n: int, width: float) -> dict:
+    """Marker and x offset of series ``j`` of ``n``: the offsets spread the series evenly over
+    ``width`` (in x units, or octaves on a log axis), centred on the true x."""
+    return {"marker": MARKERS[j % len(MARKERS)], "offset": (j - (n - 1) / 2) * width / max(n - 1, 1)}
+
+
+def linear_spread(xs) -> float:
+    """The offset width for series over the linear x values ``xs``."""
+    xs = sorted(set(xs))
+    gaps = [b - a for a, b in zip(xs, xs[1:])]
+    return LINEAR_SPREAD * (min(gaps) if gaps else 1.0)
+
+
+def accuracy_errorbar(ax, points, *, offset: float = 0.0, log_x: bool = False, marker: str = "o",
+                      **kwargs) -> None:
+    """Plot ``[(x, summary_row)]`` as accuracy % with the row's Wilson 95% interval as error bars,
+    each x moved by ``offset`` (in octaves with ``log_x``: ``x * 2 ** offset``)."""
+    x = [p[0] * 2 ** offset if log_x else p[0] + offset for p in points]
     y = [100 * p[1]["accuracy"] for p in points]
     err = [[100 * (p[1]["accuracy"] - p[1]["ci_low"]) for p in points],
            [100 * (p[1]["ci_high"] - p[1]["accuracy"]) for p in points]]
-    ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, **kwargs)
+    ax.errorbar(x, y, yerr=err, marker=marker, ms=4, capsize=3, **kwargs)
 
 
-def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, lengths=None) -> Path:
-    """Label an accuracy axis (a log2 length axis when ``lengths`` are given) and save."""
-    if lengths is not None and len(lengths) > 1:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths)
-        ax.set_xticklabels([format_length(L) for L in lengths])
+def spaced_labels(positions, labels, min_gap: float) -> list[str]:
+    """``labels`` with every one closer than ``min_gap`` (in position units) to the previous
+    shown label blanked, so tick labels never overlap."""
+    out, last = [], -math.inf
+    for pos, label in zip(positions, labels):
+        keep = pos - last >= min_gap
+        out.append(label if keep else "")
+        last = pos if keep else last
+    return out
+
+
+def _length_axis(ax, lengths) -> None:
+    """A log2 axis with one tick per length (also for a single length, centred in two octaves)."""
+    from matplotlib.ticker import NullLocator
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(lengths)
+    octaves = [math.log2(L) for L in lengths]
+    span = max(octaves) - min(octaves)
+    ax.set_xticklabels(spaced_labels(octaves, [format_length(L) for L in lengths], 0.06 * max(span, 2)))
+    ax.set_xlim(min(lengths) / 2 ** max(0.35, 0.06 * span), max(lengths) * 2 ** max(0.35, 0.06 * span))
+
+
+def _strength_axis(ax, strengths) -> None:
+    ax.set_xticks(strengths)
+    span = max(strengths) - min(strengths)
+    ax.set_xticklabels(spaced_labels(strengths, [f"{s:g}" for s in strengths], 0.06 * max(span, 1)))
+    if span == 0:
+        ax.set_xlim(strengths[0] - 0.5, strengths[0] + 0.5)
+
+
+def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, lengths=None,
+                         strengths=None) -> Path:
+    """Label an accuracy axis (a log2 length axis with ``lengths``, a strength axis with a tick
+    per value with ``strengths``) and save."""
+    if lengths is not None:
+        _length_axis(ax, sorted(lengths))
+    if strengths is not None:
+        _strength_axis(ax, sorted(strengths))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy (%), Wilson 95% CI")
     ax.set_ylim(-3, 103)

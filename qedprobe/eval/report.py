@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 from .stats import mcnemar_exact
-from .plots import accuracy_errorbar, figure, format_length, save_accuracy_figure
+from .plots import LOG_SPREAD, accuracy_errorbar, figure, format_length, save_accuracy_figure, series_style
 from .sweep import SweepError, strength_key, load_results, summarize
 
 __all__ = ["load_sweep", "build_report", "paired_between"]
@@ -39,8 +39,9 @@ def load_sweep(path, label=None) -> dict:
     cfg = {}
     if (path / "config.json").is_file():
         cfg = json.loads((path / "config.json").read_text())
-    if label is None:
-        label = path.name or str(path)
+    if label is None:  # the model's folder name, else the sweep's (sweeps are often all called "sweep")
+        model_id = (cfg.get("model") or {}).get("id")
+        label = Path(model_id).name if model_id else path.name or str(path)
     return {"path": str(path), "label": label, "rows": rows, "config": cfg}
 
 
@@ -104,6 +105,9 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
     if labels is not None and len(labels) != len(paths):
         raise SweepError(f"{len(labels)} labels for {len(paths)} sweeps")
     sweeps = [load_sweep(p, None if labels is None else labels[j]) for j, p in enumerate(paths)]
+    if labels is None and len({sw["label"] for sw in sweeps}) < len(sweeps):  # two sweeps of one model
+        for sw in sweeps:
+            sw["label"] = sw["path"]
     if isinstance(baseline, str):
         names = [sw["label"] for sw in sweeps]
         if baseline not in names:
@@ -208,10 +212,15 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
 
 
 def _plot(sweeps, lengths, path, title):
+    """``report.png``: accuracy vs length, one line (own colour, marker, x offset) per sweep."""
     fig = figure(figsize=(6.4, 4.2))
     ax = fig.subplots()
-    for sw in sweeps:
+    for j, sw in enumerate(sweeps):
         pts = [(L, sw["summary"][L]) for L in lengths if L in sw["summary"]]
         if pts:
-            accuracy_errorbar(ax, pts, label=f"{sw['label']} (s={sw['s']:g})")
+            accuracy_errorbar(ax, pts, log_x=True, **series_style(j, len(sweeps), LOG_SPREAD),
+                              label=f"{sw['label']} (s={sw['s']:g})")
+    if title is None:
+        tasks = sorted({r.get("task", "?") for sw in sweeps for r in sw["rows"]})
+        title = f"{', '.join(tasks)}: accuracy by context length"
     save_accuracy_figure(fig, ax, path, xlabel="context length (tokens)", title=title, lengths=lengths)

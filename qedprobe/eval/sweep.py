@@ -54,7 +54,8 @@ from qedprobe.folderlock import lock_folder
 from qedprobe.lam import check_strengths
 from qedprobe.model.checkpoint import state_dict_sha256
 
-from .plots import accuracy_errorbar, figure, save_accuracy_figure
+from .plots import (LOG_SPREAD, accuracy_errorbar, figure, format_length, linear_spread,
+                    save_accuracy_figure, series_style)
 from .stats import mcnemar_exact, wilson_interval
 from .ruler import RulerTask
 from .tasks import ANSWER_MARGIN, DEFAULT_FORMAT, NIAHTask, answer_fraction, make_task
@@ -344,26 +345,31 @@ def write_summary(summary: list[dict], out) -> list[Path]:
 
 
 def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
-    """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length)."""
+    """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length);
+    the series differ in colour and marker and are offset a little along x (see ``plots``)."""
     from matplotlib import colormaps
     out = Path(out)
     lengths = sorted({r["length"] for r in summary})
     strengths = sorted({r["s"] for r in summary})
     cell = {(r["length"], r["s"]): r for r in summary}
     paths = []
-    for xs, series, xlabel, fname, legend in (
-            (lengths, strengths, "context length (tokens)", "acc_vs_length.png", "s = {:g}"),
-            (strengths, lengths, "strength s (lambda x s)", "acc_vs_strength.png", "L = {}")):
+    for by_length, xs, series, xlabel, fname in (
+            (True, lengths, strengths, "context length (tokens)", "acc_vs_length.png"),
+            (False, strengths, lengths, "strength s (lambda x s)", "acc_vs_strength.png")):
         fig = figure(figsize=(6.4, 4.2))
         ax = fig.subplots()
         cmap = colormaps["viridis"]
+        width = LOG_SPREAD if by_length else linear_spread(xs)
         for j, ser in enumerate(series):
-            pts = [(x, cell.get((x, ser) if fname == "acc_vs_length.png" else (ser, x))) for x in xs]
+            pts = [(x, cell.get((x, ser) if by_length else (ser, x))) for x in xs]
             pts = [(x, r) for x, r in pts if r is not None and r["n"]]
             if pts:
-                accuracy_errorbar(ax, pts, color=cmap(j / max(1, len(series) - 1)), label=legend.format(ser))
+                accuracy_errorbar(ax, pts, log_x=by_length, **series_style(j, len(series), width),
+                                  color=cmap(0.9 * j / max(1, len(series) - 1)),
+                                  label=f"s = {ser:g}" if by_length else f"L = {format_length(ser)}")
         paths.append(save_accuracy_figure(fig, ax, out / fname, xlabel=xlabel, title=title,
-                                          lengths=lengths if fname == "acc_vs_length.png" else None))
+                                          lengths=lengths if by_length else None,
+                                          strengths=None if by_length else strengths))
     return paths
 
 
@@ -636,8 +642,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         if not isinstance(out, ResultsStore):
             store.close()
     with timings.time("summary_s"):
-        summary = summarise(store.dir, ref_strength, title=f"{nt.name}, seed {seed}"
-                            + (f", {model_id}" if model_id else ""))
+        summary = summarise(store.dir, ref_strength,
+                            title=_plot_title(model_id, model.cfg.arm, nt.name, seed, layers, heads, phase))
     return SweepResult(summary, _finish_timings(timings, t_start))
 
 
@@ -685,6 +691,14 @@ def check_strengths_for(strengths, *, arm, allow_extrapolation=True):
         check_strengths(strengths, arm=arm, allow_extrapolation=allow_extrapolation)
     except ValueError as exc:
         raise SweepError(str(exc)) from None
+
+
+def _plot_title(model_id, arm, task, seed, layers, heads, phase) -> str:
+    """``"recall-full-s1 (arm full), s-niah-1, seed 0"``, plus where the strength acts when not everywhere."""
+    name = Path(model_id).name if model_id else "model"
+    where = [f"{k} {v}" for k, v in (("layers", layers), ("heads", heads)) if v is not None]
+    where += [f"{phase} only"] if phase != "all" else []
+    return f"{name} (arm {arm}), {task}, seed {seed}" + (f"; s on {', '.join(where)}" if where else "")
 
 
 def validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation) -> None:
