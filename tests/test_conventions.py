@@ -10,7 +10,7 @@ pytest.importorskip("transformer_lens", reason="the hooked model needs transform
 
 from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, filter_logits
 
-from _tiny import ids, tiny
+from helpers import ids, tiny
 
 PROMPTS = [[5, 17, 33], [44, 3], [7, 7, 12]]
 

@@ -3,8 +3,9 @@ r"""`QEDActivationCache`: TransformerLens' ``ActivationCache`` with this model's
 TransformerLens resolves shorthand keys with ``get_act_name``: ``cache["resid_post", 1]`` is
 ``blocks.1.hook_resid_post`` and ``cache["q", 0]`` is ``blocks.0.attn.hook_q``, but a name it does
 not know as an attention activation lands outside the mixer (``("e", 0)`` -> ``blocks.0.hook_e``).
-Here every mixer hook (``q, k, v, b, w, g, lambda, d, o, rho, Sd, e``) resolves to
-``blocks.{l}.attn.hook_{name}``, and TransformerLens' norm names map to fla's modules::
+Here a block-level name the cache does not hold resolves to the mixer's hook of that name (so
+every mixer hook, ``q, k, v, b, w, g, lambda, d, o, rho, Sd, e``, is reachable as
+``cache[name, layer]``), and TransformerLens' norm names map to fla's modules::
 
     ln_final.hook_scale        -> norm.hook_scale
     blocks.{l}.ln1.hook_scale  -> blocks.{l}.attn_norm.hook_scale
@@ -25,10 +26,8 @@ import re
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.utilities import get_act_name
 
-from .mixer import READ_ONLY, WRITABLE
-
 _NORMS = {"ln1": "attn_norm", "ln2": "mlp_norm"}
-_MIXER_HOOK = re.compile(rf"blocks\.(\d+)\.hook_({'|'.join(WRITABLE + READ_ONLY)})")
+_BLOCK_HOOK = re.compile(r"blocks\.(\d+)\.hook_(\w+)")
 _BLOCK_NORM = re.compile(r"blocks\.(\d+)\.(ln1|ln2)\.hook_scale")
 
 _HEADS = ("QEDModel has no attention heads with a per-head result or pattern, nor MLP neurons with "
@@ -47,15 +46,20 @@ _NOT_HERE = {
 """ActivationCache helpers that do not apply to this architecture, and why."""
 
 
-def qed_name(name: str) -> str:
-    """A TransformerLens activation name -> this model's hook name (unchanged when it is one)."""
+def norm_scale_name(name: str) -> str:
+    """A TransformerLens norm-scale name -> this model's (other names unchanged)."""
     if name == "ln_final.hook_scale":
         return "norm.hook_scale"
     if m := _BLOCK_NORM.fullmatch(name):
         return f"blocks.{m[1]}.{_NORMS[m[2]]}.hook_scale"
-    if m := _MIXER_HOOK.fullmatch(name):
-        return f"blocks.{m[1]}.attn.hook_{m[2]}"
     return name
+
+
+def mixer_name(name: str) -> str | None:
+    """``blocks.{l}.hook_X`` -> ``blocks.{l}.attn.hook_X`` (where TransformerLens' shorthand puts
+    a name it does not know as an attention activation), else None."""
+    m = _BLOCK_HOOK.fullmatch(name)
+    return f"blocks.{m[1]}.attn.hook_{m[2]}" if m else None
 
 
 class QEDActivationCache(ActivationCache):
@@ -74,7 +78,9 @@ class QEDActivationCache(ActivationCache):
     def __getitem__(self, key):
         if isinstance(key, str) and key in self.cache_dict:
             return self.cache_dict[key]
-        name = qed_name(self._act_name(key))
+        name = norm_scale_name(self._act_name(key))
+        if name not in self.cache_dict and mixer_name(name) in self.cache_dict:
+            name = mixer_name(name)
         if name not in self.cache_dict:
             layer0 = sorted(k[len("blocks.0."):] for k in self.cache_dict if k.startswith("blocks.0."))
             raise KeyError(f"ActivationCache: no cached activation {name!r} (asked for {key!r}); "
