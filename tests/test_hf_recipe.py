@@ -51,7 +51,7 @@ def qwen_folder(tmp_path_factory):
 
 def _readme_recipe() -> str:
     section = README.read_text().split("## Pretrained Gated DeltaNet models", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```python[^\n]*\n(.*?)```", section, re.S).group(1)  # tagged check-only in README
 
 
 def test_readme_recipe_runs_on_a_local_qwen35_folder(qwen_folder, capsys):
