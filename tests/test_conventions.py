@@ -143,6 +143,7 @@ def test_cache_shorthand_reaches_the_mixer_probes(model):
     assert torch.equal(cache["e", 1, "attn"], cache["blocks.1.attn.hook_e"])
     assert torch.equal(cache["lambda", 1], cache["blocks.1.attn.hook_lambda"])
     assert torch.equal(cache["Sd", 0], cache["blocks.0.attn.hook_Sd"])
+    assert torch.equal(cache["sd", 0], cache["blocks.0.attn.hook_Sd"])
     assert torch.equal(cache["q", 0], cache["blocks.0.attn.hook_q"])
     assert torch.equal(cache["scale", 1, "ln2"], cache["blocks.1.mlp_norm.hook_scale"])
     assert torch.equal(cache.stack_activation("e"), torch.stack([cache["e", 0], cache["e", 1]]))

@@ -96,7 +96,9 @@ def test_hook_name_builds_every_hook_point_name():
     model = tiny()
     names = [hook_name(n) for n in MODEL_HOOKS]
     names += [hook_name(n, l) for l in range(model.cfg.num_hidden_layers) for n in BLOCK_HOOKS + MIXER_HOOKS]
-    assert sorted(names) == sorted(model.hook_dict)
+    norms = ["norm"] + [f"blocks.{l}.{n}" for l in range(model.cfg.num_hidden_layers)
+                        for n in ("attn_norm", "mlp_norm", "attn.o_norm")]
+    assert sorted(names + [f"{n}.hook_scale" for n in norms]) == sorted(model.hook_dict)  # + each RMSNorm's scale
     assert hook_name("sd", 1) == "blocks.1.attn.hook_Sd" == hook_name("Sd", 1)
     assert hook_name("e", 3, "linear_attn") == "blocks.3.linear_attn.hook_e"
     for bad, match in ((("embed", 0), "takes no `layer`"), (("e",), "needs a `layer`"), (("E", 0), "`name` must be")):

@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 from qedprobe.eval.eig import BINS, EigAccumulator
 from qedprobe.eval.plots import (LOG_SPREAD, accuracy_errorbar, figure, linear_spread, save_accuracy_figure,
                                  series_style, spaced_labels)
-from qedprobe.eval.sweep import _plot_title
+from qedprobe.eval.sweep import plot_title
 
 ROW = {"accuracy": 0.0, "ci_low": 0.0, "ci_high": 0.04}
 
@@ -67,9 +67,9 @@ def test_eig_figures_have_a_title_gaps_for_empty_bins_and_integer_head_ticks(tmp
     assert acc.title() == "recall-full-s1 (arm full), s-niah-1, L = 4096, s = 1.5"
     lo, hi, n = BINS["e"]
     hist = acc.hist
-    a, b = acc._hist_range("e", hist["e"])                      # occupied bins plus margin, and always 0 and 1
+    a, b = acc.hist_range("e", hist["e"])                      # occupied bins plus margin, and always 0 and 1
     assert a == pytest.approx(-0.05) and b == pytest.approx(1.05)
-    a, b = acc._hist_range("rho", hist["rho"])
+    a, b = acc.hist_range("rho", hist["rho"])
     width = 2 / BINS["rho"][2]
     assert a == pytest.approx(-1 + 97 * width) and b == pytest.approx(-1 + 102 * width)
     figures = []
@@ -77,7 +77,7 @@ def test_eig_figures_have_a_title_gaps_for_empty_bins_and_integer_head_ticks(tmp
     real_savefig = matplotlib.figure.Figure.savefig
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: (figures.append(self), real_savefig(self, *a, **k)))
     acc.plot(tmp_path)
-    assert len(figures) == 5 and all(f._suptitle.get_text() == acc.title() for f in figures)
+    assert len(figures) == 5 and all(f.get_suptitle() == acc.title() for f in figures)
     y = figures[0].axes[0].get_lines()[0].get_ydata()
     assert np.isnan(y).sum() == n - 1 and np.nanmax(y) == 5  # one occupied bin, the rest are gaps
     heat = figures[-1].axes[0]
@@ -85,7 +85,7 @@ def test_eig_figures_have_a_title_gaps_for_empty_bins_and_integer_head_ticks(tmp
 
 
 def test_sweep_titles_name_model_arm_task_and_where_s_acts():
-    assert _plot_title("/c/recall-full-s1", "full", "s-niah-1", 0, None, None, "all") == \
+    assert plot_title("/c/recall-full-s1", "full", "s-niah-1", 0, None, None, "all") == \
         "recall-full-s1 (arm full), s-niah-1, seed 0"
-    assert _plot_title(None, "gdn2", "mk-niah", 1, [0, 2], None, "decode") == \
+    assert plot_title(None, "gdn2", "mk-niah", 1, [0, 2], None, "decode") == \
         "model (arm gdn2), mk-niah, seed 1; s on layers [0, 2], decode only"

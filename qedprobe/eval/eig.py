@@ -276,7 +276,7 @@ class EigAccumulator:
         parts = [f"{model} (arm {m.get('arm', '?')})", source, length, f"s = {m.get('s', 1.0):g}"]
         return ", ".join(p for p in parts if p)
 
-    def _hist_range(self, name: str, hist: torch.Tensor) -> tuple[float, float]:
+    def hist_range(self, name: str, hist: torch.Tensor) -> tuple[float, float]:
         """The x range of the occupied bins of ``hist`` (``name``'s ``[L, H, bins + 2]``) over every
         recorded layer and head (with a two-bin margin; ``e``'s range always shows 0 and 1)."""
         lo, hi, n = BINS[name]
@@ -312,7 +312,7 @@ class EigAccumulator:
                     hist = all_hist[name][l, h, 1:-1].numpy().astype(float)
                     ax.step(centers, np.where(hist > 0, hist, np.nan), where="mid", lw=0.8, label=f"h{h}")
                 ax.set_yscale("log")
-                ax.set_xlim(*self._hist_range(name, all_hist[name]))
+                ax.set_xlim(*self.hist_range(name, all_hist[name]))
                 ax.set_title(f"layer {l}", fontsize=8)
                 ax.tick_params(labelsize=7)
                 if name == "e":

@@ -643,7 +643,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
             store.close()
     with timings.time("summary_s"):
         summary = summarise(store.dir, ref_strength,
-                            title=_plot_title(model_id, model.cfg.arm, nt.name, seed, layers, heads, phase))
+                            title=plot_title(model_id, model.cfg.arm, nt.name, seed, layers, heads, phase))
     return SweepResult(summary, _finish_timings(timings, t_start))
 
 
@@ -693,7 +693,7 @@ def check_strengths_for(strengths, *, arm, allow_extrapolation=True):
         raise SweepError(str(exc)) from None
 
 
-def _plot_title(model_id, arm, task, seed, layers, heads, phase) -> str:
+def plot_title(model_id, arm, task, seed, layers, heads, phase) -> str:
     """``"recall-full-s1 (arm full), s-niah-1, seed 0"``, plus where the strength acts when not everywhere."""
     name = Path(model_id).name if model_id else "model"
     where = [f"{k} {v}" for k, v in (("layers", layers), ("heads", heads)) if v is not None]

@@ -57,9 +57,9 @@ def norm_scale_name(name: str) -> str:
 
 def mixer_name(name: str) -> str | None:
     """``blocks.{l}.hook_X`` -> ``blocks.{l}.attn.hook_X`` (where TransformerLens' shorthand puts
-    a name it does not know as an attention activation), else None."""
+    a name it does not know as an attention activation; ``sd``, its lowercase, is ``Sd``), else None."""
     m = _BLOCK_HOOK.fullmatch(name)
-    return f"blocks.{m[1]}.attn.hook_{m[2]}" if m else None
+    return f"blocks.{m[1]}.attn.hook_{'Sd' if m[2] == 'sd' else m[2]}" if m else None
 
 
 class QEDActivationCache(ActivationCache):
