@@ -3,7 +3,7 @@ ptxas Triton itself uses for sm_90) and print shared memory, registers and spill
 
     python bench/chunk_aot.py [fwd|bwd|all] [--warps N] [--K 128] [--V 128]
 
-``fwd``: the five forward kernels (prep, scores, inverse, W/U, scan) at bf16 (or, with ``--fp32``,
+``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
 ``--warps``); ``bwd``: the two backward kernels at float32 state (tf32x3). It reproduced the
 device's shared-memory figure (294912 B for the float32 scan with two stages) exactly, so
@@ -32,7 +32,7 @@ from qedprobe.kernels.qed.chunk_bwd import DSTATE_CONFIG, INTRA_BWD_CONFIG
 from qedprobe.kernels.qed.chunk_bwd_intra import qed_bwd_scores_kernel, qed_bwd_wy_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
-from qedprobe.kernels.qed.chunk_scan import qed_scan_kernel, scan_config
+from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, OUTPUT_WARPS, qed_output_kernel, qed_state_kernel, state_config
 
 TGT = GPUTarget("cuda", 90, 32)
 FULL = {"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}  # arm "full"
@@ -104,14 +104,22 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                  dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_BKS, K), BVS=min(chunk_wy.WY_BVS, V),
                       DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.WY_WARPS)
-    BV, nw, stages = scan_config(K, V, torch.float32 if fp32 else torch.bfloat16)
-    compile_(qed_scan_kernel,
-             dict(w=f"*{io}", u=f"*{io}", kg=f"*{io}", qg=f"*{io}", aqk=f"*{io}", gl="*fp32", h0="*fp32", o=f"*{io}",
-                  ht="*fp32", T="i32", **opt("dg", f"*{io}"), **opt("adk", f"*{io}"), **opt("sd", "*fp32")),
-             dict(HV=H, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=tl.float32, PREC=prec,
-                  WHILE_LOOP=False, USE_H0=True, STORE_HT=True, STORE_STATES=False, PROBES=probes,
-                  IS_VARLEN=False, hs=None, cu_seqlens=None, chunk_offsets=None, **absent("dg", "adk", "sd")),
-             warps or nw, stages)
+    BV, nw, stages = state_config(K, V, torch.float32 if fp32 else torch.bfloat16)
+    BK = triton.next_power_of_2(K)
+    if not probes:  # the state scan does not depend on the probes
+        compile_(qed_state_kernel,
+                 dict(w=f"*{io}", u=f"*{io}", kg=f"*{io}", gl="*fp32", h0="*fp32", hs=f"*{io}", r=f"*{io}",
+                      ht="*fp32", T="i32"),
+                 dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DT=tl.float32, PREC=prec, WHILE_LOOP=False,
+                      USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, cu_seqlens=None,
+                      chunk_offsets=None),
+                 warps or nw, stages)
+    compile_(qed_output_kernel,
+             dict(qg=f"*{io}", aqk=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32", **opt("dg", f"*{io}"),
+                  **opt("adk", f"*{io}"), **opt("sd", "*fp32")),
+             dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=min(OUTPUT_BV, V), PREC=prec, PROBES=probes, IS_VARLEN=False,
+                  cu_seqlens=None, chunk_indices=None, **absent("dg", "adk", "sd")),
+             warps or OUTPUT_WARPS)
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None):

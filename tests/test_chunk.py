@@ -154,7 +154,8 @@ def test_no_kernel_is_autotuned():
             name = getattr(getattr(obj, "fn", None), "__name__", "")
             if name.endswith("_kernel"):
                 kernels.add(name)
-    assert {"qed_prep_kernel", "qed_scores_kernel", "qed_inverse_kernel", "qed_wy_kernel", "qed_scan_kernel",
+    assert {"qed_prep_kernel", "qed_scores_kernel", "qed_inverse_kernel", "qed_wy_kernel", "qed_state_kernel",
+            "qed_output_kernel",
             "qed_recurrent_kernel", "qed_dstate_kernel", "qed_bwd_wy_kernel", "qed_bwd_scores_kernel"} <= kernels
 
 

@@ -19,15 +19,17 @@ chunk, per channel; ``S0`` the chunk-start state)::
     S_next = Diag(e^{G_last}) S0 + sum_j (k_j e^{G_last - G_j}) r_j^T
 
 This is fla's ``chunk_gdn2`` pipeline with GDN-2's erase vector ``b k`` replaced by
-``a = b k + lam d``, in five launches, each behind one typed wrapper:
+``a = b k + lam d``, in six launches, each behind one typed wrapper:
 
 1. ``chunk_intra.chunk_prep_fwd``: per chunk, L2 norms, the per-row scalars, the probes
    ``rho, e, d``, ``G``, ``kg``, ``qg``, ``dg``, ``exp(G_last)``;
 2. ``chunk_intra.chunk_scores_fwd``: per 16-row block, the score rows of ``A_kk, A_qk, A_dk``;
 3. ``chunk_wy.chunk_inverse_fwd``: per chunk, ``(I + A_kk)^{-1}`` (block inverse);
 4. ``chunk_wy.chunk_wy_fwd``: per chunk, ``W`` and ``U`` (fla's ``wy_fast.py``);
-5. ``chunk_scan.chunk_scan_fwd``: per sequence, value head and value block, the state
-   recurrence fused with the output and the probe ``Sd``.
+5. ``chunk_scan.chunk_state_fwd``: per sequence, value head and value block, the state
+   recurrence (chunk-start states and residuals, as fla's ``chunk_delta_h``);
+6. ``chunk_scan.chunk_output_fwd``: per chunk, value head and value block, the output and the
+   probe ``Sd`` (as fla's ``chunk_o``).
 
 Decays ``e^{G_t - G_j}`` are never formed as a product over long spans (see
 ``chunk_intra.py``), so any ``g <= 0`` is safe. With ``return_probes=False`` nothing
@@ -52,7 +54,7 @@ from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
 from .chunk_intra import DirectionInputs, Prepared, Scores, chunk_prep_fwd, chunk_scores_fwd
-from .chunk_scan import chunk_scan_fwd
+from .chunk_scan import chunk_output_fwd, chunk_state_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
 from .inputs import QEDProblem, check_qed_inputs, on_input_device
 
@@ -111,13 +113,19 @@ def _float64_guard(P: QEDProblem, fn):
                          f"has ({err}); use qed_naive (or float32 inputs) instead") from err
 
 
-def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, o, *, h0=None, ht=None, sd=None, hs=None):
-    """The scan launch on ``intra``'s buffers (``sd`` only with probes, ``hs`` for the backward)."""
-    probes = sd is not None
-    _float64_guard(P, lambda: chunk_scan_fwd(
-        lay, w=intra.wy.w, u=intra.wy.u, kg=intra.prep.kg, qg=intra.prep.qg, aqk=intra.scores.aqk,
-        gl=intra.prep.gl, o=o, dg=intra.prep.dg if probes else None, adk=intra.scores.adk if probes else None,
-        sd=sd, h0=h0, ht=ht, hs=hs, T=P.T, N=P.N))
+def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=None, o=None, sd=None):
+    """The state scan on ``intra``'s buffers and, given ``o``, the output launch (``sd`` only with
+    probes); returns the chunk-start states ``[NC, HV, K, V]`` (in the intermediate dtype)."""
+    w = intra.wy.w
+    hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=w.device, dtype=w.dtype)
+    r = torch.empty(P.B, P.T, P.HV, P.V, device=w.device, dtype=w.dtype) if o is not None else None
+    _float64_guard(P, lambda: chunk_state_fwd(lay, w=w, u=intra.wy.u, kg=intra.prep.kg, gl=intra.prep.gl, hs=hs,
+                                              r=r, h0=h0, ht=ht, T=P.T, N=P.N))
+    if o is not None:
+        probes = sd is not None
+        chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.scores.aqk, hs=hs, r=r, o=o,
+                         dg=intra.prep.dg if probes else None, adk=intra.scores.adk if probes else None, sd=sd)
+    return hs
 
 
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
@@ -133,7 +141,7 @@ def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_st
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    run_scan(P, lay, intra, o, h0=h0, ht=ht, sd=sd)
+    run_scan(P, lay, intra, h0=h0, ht=ht, o=o, sd=sd)
     probes = None
     if return_probes:
         probes = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
@@ -168,9 +176,7 @@ class _QEDChunkFunction(torch.autograd.Function):
         x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
         intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
                                 inter=ct, probes=False)
-        states = torch.empty(lay.NC, P.HV, P.K, P.V, device=q.device, dtype=ct)
-        o = torch.empty(P.B, P.T, P.HV, P.V, device=q.device, dtype=ct)
-        run_scan(P, lay, intra, o, h0=h0.contiguous() if h0 is not None else None, hs=states)
+        states = run_scan(P, lay, intra, h0=h0.contiguous() if h0 is not None else None)
         return (None, *input_grads(ctx.needs_input_grad[1:], (q, k, v, g, b, w, lam, d, h0), arm, z,
                                    use_qk_l2norm, P, lay, intra, states, do, dht))
 
