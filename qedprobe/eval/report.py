@@ -93,12 +93,9 @@ FEW_SHARED = 0.5
 pair of sweeps is reported with a warning: their tests rest on a few prompts only."""
 
 
-def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None, warn=None) -> str:
-    """Markdown report of the sweeps in ``paths``; with ``out``, also ``report.md`` and ``report.png``.
-
-    ``warn(message)`` is called for each sweep that shares fewer than :data:`FEW_SHARED` of its
-    prompts with the baseline (default: ``warnings.warn``); the report states it too."""
-    warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
+def load_sweeps(paths, labels=None) -> list[dict]:
+    """:func:`load_sweep` of each of ``paths``, labelled by ``labels`` or, when two would share a
+    label, by their paths."""
     paths = list(paths)
     if not paths:
         raise SweepError("report needs at least one sweep folder")
@@ -108,6 +105,11 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
     if labels is None and len({sw["label"] for sw in sweeps}) < len(sweeps):  # two sweeps of one model
         for sw in sweeps:
             sw["label"] = sw["path"]
+    return sweeps
+
+
+def baseline_index(sweeps, baseline) -> int:
+    """The index of ``baseline`` (an index or a label) among ``sweeps``."""
     if isinstance(baseline, str):
         names = [sw["label"] for sw in sweeps]
         if baseline not in names:
@@ -116,20 +118,23 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
     if isinstance(baseline, bool) or not isinstance(baseline, int) or not 0 <= baseline < len(sweeps):
         raise SweepError(f"`baseline` {baseline!r} is out of range: give an index 0..{len(sweeps) - 1} "
                          f"or a label of {[sw['label'] for sw in sweeps]}")
-    for sw in sweeps:
-        sw["s"] = _pick_s(sw, s)
-        sw["summary"] = {r["length"]: r for r in summarize(sw["rows"], None) if r["s"] == sw["s"]}
-    lengths = sorted({L for sw in sweeps for L in sw["summary"]})
-    lines = []
-    if title:
-        lines += [f"# {title}", ""]
+    return baseline
+
+
+def _header(sweeps) -> str:
+    return "| length | " + " | ".join(
+        sw["label"] + ("" if sw["s"] == sweeps[0]["s"] else f" (s={sw['s']:g})") for sw in sweeps) + " |"
+
+
+def accuracy_tables(sweeps, lengths, title=None) -> list[str]:
+    """Markdown lines: the title, accuracy with its interval per length and sweep, then RULER's score."""
+    lines = [f"# {title}", ""] if title else []
     task = sorted({r.get("task", "") for sw in sweeps for r in sw["rows"]})
     lines += [f"Task: {', '.join(task)}. Accuracy % (Wilson 95% interval; n) at strength "
               + ", ".join(f"s = {sw['s']:g}" for sw in sweeps[:1])
               + ("" if len({sw['s'] for sw in sweeps}) == 1 else " (per-sweep s in the header)")
               + ".", ""]
-    head = "| length | " + " | ".join(
-        sw["label"] + ("" if sw["s"] == sweeps[0]["s"] else f" (s={sw['s']:g})") for sw in sweeps) + " |"
+    head = _header(sweeps)
     lines += [head, "|---|" + "---|" * len(sweeps)]
     for L in lengths:
         cells = []
@@ -144,70 +149,118 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
         cells = ["-" if sw["summary"].get(L) is None else f"{sw['summary'][L]['score_pct']:.2f}" for sw in sweeps]
         lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
     lines.append("")
+    return lines
+
+
+def _shared_prompts_warning(sw, base, res) -> str | None:
+    """The warning when ``sw`` and ``base`` share fewer than :data:`FEW_SHARED` of their prompts."""
+    shared = sum(v["n_paired"] for v in res.values())
+    smaller = min(len(_cells(sw["rows"], sw["s"])), len(_cells(base["rows"], base["s"])))
+    if shared >= FEW_SHARED * smaller:
+        return None
+    return (f"{sw['label']} and {base['label']} share {shared} of {smaller} prompts (same length, "
+            "sample id and prompt text): the paired tests rest on those only; were both run "
+            "with the same task, seed and samples?")
+
+
+def paired_table(sweeps, baseline, warn) -> tuple[list[str], dict]:
+    """Markdown lines of the McNemar tests of every sweep against ``sweeps[baseline]`` on shared
+    prompts, and the tests ``{label: {length: result}}``; ``warn`` gets each few-shared warning."""
+    base = sweeps[baseline]
+    lines = [f"Paired exact McNemar tests against **{base['label']}** on identical prompts "
+             "(b = right in the arm, wrong in the baseline; c = the reverse).", "",
+             "| arm | length | n paired | baseline % | arm % | b | c | p |",
+             "|---|---|---|---|---|---|---|---|"]
     tests, warned = {}, []
-    if len(sweeps) > 1:
-        base = sweeps[baseline]
-        lines += [f"Paired exact McNemar tests against **{base['label']}** on identical prompts "
-                  "(b = right in the arm, wrong in the baseline; c = the reverse).", "",
-                  "| arm | length | n paired | baseline % | arm % | b | c | p |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for j, sw in enumerate(sweeps):
-            if j == baseline:
-                continue
-            res = paired_between(sw["rows"], base["rows"], sw["s"], base["s"])
-            tests[sw["label"]] = res
-            shared = sum(v["n_paired"] for v in res.values())
-            smaller = min(len(_cells(sw["rows"], sw["s"])), len(_cells(base["rows"], base["s"])))
-            if shared < FEW_SHARED * smaller:
-                message = (f"{sw['label']} and {base['label']} share {shared} of {smaller} prompts (same length, "
-                           "sample id and prompt text): the paired tests rest on those only; were both run "
-                           "with the same task, seed and samples?")
-                warn(message)
-                warned.append(message)
-            if not res or all(v["n_paired"] == 0 for v in res.values()):
-                lines.append(f"| {sw['label']} | - | 0 | - | - | - | - | no shared prompts |")
-                continue
-            for L, v in res.items():
-                if not v["n_paired"]:
-                    continue
-                lines.append(f"| {sw['label']} | {format_length(L)} | {v['n_paired']} | {100 * v['acc_b']:.1f} | "
-                             f"{100 * v['acc_a']:.1f} | {v['b']} | {v['c']} | {_fmt_p(v['p'])} |")
-        lines.append("")
-        lines += [f"Warning: {m}" for m in warned] + ([""] if warned else [])
-    for sw in sweeps:
-        strengths = sorted({strength_key(r["s"]) for r in sw["rows"]})
-        if len(strengths) < 2:
+    for j, sw in enumerate(sweeps):
+        if j == baseline:
             continue
-        ref = sw["config"].get("ref_strength", 1.0)
-        summ = summarize(sw["rows"], ref)
-        cell = {(r["length"], r["s"]): r for r in summ}
-        lines += [f"**{sw['label']}**: accuracy % by strength s (McNemar p against s = {ref:g}; b/c).", "",
-                  "| length | " + " | ".join(f"s={x:g}" for x in strengths) + " |",
-                  "|---|" + "---|" * len(strengths)]
-        for L in sorted({r["length"] for r in summ}):
-            cells = []
-            for x in strengths:
-                r = cell.get((L, x))
-                if r is None:
-                    cells.append("-")
-                elif r["mcnemar_p"] is None or x == strength_key(ref):
-                    cells.append(f"{100 * r['accuracy']:.1f}")
-                else:
-                    cells.append(f"{100 * r['accuracy']:.1f} (p={_fmt_p(r['mcnemar_p'])}; {r['b']}/{r['c']})")
-            lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
-        lines.append("")
+        res = paired_between(sw["rows"], base["rows"], sw["s"], base["s"])
+        tests[sw["label"]] = res
+        message = _shared_prompts_warning(sw, base, res)
+        if message is not None:
+            warn(message)
+            warned.append(message)
+        if not res or all(v["n_paired"] == 0 for v in res.values()):
+            lines.append(f"| {sw['label']} | - | 0 | - | - | - | - | no shared prompts |")
+            continue
+        for L, v in res.items():
+            if not v["n_paired"]:
+                continue
+            lines.append(f"| {sw['label']} | {format_length(L)} | {v['n_paired']} | {100 * v['acc_b']:.1f} | "
+                         f"{100 * v['acc_a']:.1f} | {v['b']} | {v['c']} | {_fmt_p(v['p'])} |")
+    lines.append("")
+    lines += [f"Warning: {m}" for m in warned] + ([""] if warned else [])
+    return lines, tests
+
+
+def strength_table(sw) -> list[str]:
+    """Markdown lines of one sweep's accuracy by strength (McNemar against its reference
+    strength); none for a sweep of one strength."""
+    strengths = sorted({strength_key(r["s"]) for r in sw["rows"]})
+    if len(strengths) < 2:
+        return []
+    ref = sw["config"].get("ref_strength", 1.0)
+    summ = summarize(sw["rows"], ref)
+    cell = {(r["length"], r["s"]): r for r in summ}
+    lines = [f"**{sw['label']}**: accuracy % by strength s (McNemar p against s = {ref:g}; b/c).", "",
+             "| length | " + " | ".join(f"s={x:g}" for x in strengths) + " |",
+             "|---|" + "---|" * len(strengths)]
+    for L in sorted({r["length"] for r in summ}):
+        cells = []
+        for x in strengths:
+            r = cell.get((L, x))
+            if r is None:
+                cells.append("-")
+            elif r["mcnemar_p"] is None or x == strength_key(ref):
+                cells.append(f"{100 * r['accuracy']:.1f}")
+            else:
+                cells.append(f"{100 * r['accuracy']:.1f} (p={_fmt_p(r['mcnemar_p'])}; {r['b']}/{r['c']})")
+        lines.append(f"| {format_length(L)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+def write_report(out, md: str, sweeps, baseline: int, tests: dict, lengths, title=None) -> None:
+    """``out/report.md``, ``out/report.json`` (summaries, baseline, paired tests) and ``out/report.png``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(md + "\n")
+    (out / "report.json").write_text(json.dumps({
+        "sweeps": [{"path": sw["path"], "label": sw["label"], "s": sw["s"],
+                    "summary": list(sw["summary"].values())} for sw in sweeps],
+        "baseline": sweeps[baseline]["label"],
+        "paired_tests": {k: {str(L): v for L, v in res.items()} for k, res in tests.items()},
+    }, indent=2, default=float) + "\n")
+    _plot(sweeps, lengths, out / "report.png", title)
+
+
+def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None, warn=None) -> str:
+    """Markdown report of the sweeps in ``paths``; with ``out``, also ``report.md``,
+    ``report.json`` and ``report.png``.
+
+    Steps: load and label the sweeps, pick each one's strength ``s`` and summarise it, then the
+    accuracy tables, the paired tests against ``baseline`` (with two or more sweeps) and each
+    sweep's strength table. ``warn(message)`` is called for each sweep that shares fewer than
+    :data:`FEW_SHARED` of its prompts with the baseline (default: ``warnings.warn``); the report
+    states it too."""
+    warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
+    sweeps = load_sweeps(paths, labels)
+    baseline = baseline_index(sweeps, baseline)
+    for sw in sweeps:
+        sw["s"] = _pick_s(sw, s)
+        sw["summary"] = {r["length"]: r for r in summarize(sw["rows"], None) if r["s"] == sw["s"]}
+    lengths = sorted({L for sw in sweeps for L in sw["summary"]})
+    lines = accuracy_tables(sweeps, lengths, title)
+    tests = {}
+    if len(sweeps) > 1:
+        paired, tests = paired_table(sweeps, baseline, warn)
+        lines += paired
+    for sw in sweeps:
+        lines += strength_table(sw)
     md = "\n".join(lines)
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text(md + "\n")
-        (out / "report.json").write_text(json.dumps({
-            "sweeps": [{"path": sw["path"], "label": sw["label"], "s": sw["s"],
-                        "summary": list(sw["summary"].values())} for sw in sweeps],
-            "baseline": sweeps[baseline]["label"],
-            "paired_tests": {k: {str(L): v for L, v in res.items()} for k, res in tests.items()},
-        }, indent=2, default=float) + "\n")
-        _plot(sweeps, lengths, out / "report.png", title)
+        write_report(out, md, sweeps, baseline, tests, lengths, title)
     return md
 
 
