@@ -4,7 +4,7 @@ Imported as ``qedprobe.hooks`` (``from qedprobe.hooks import ProbeRecorder``), n
 ``hooks``: like ``kernels/``, the folder sits at the top of the repository, where a reader of the
 mechanism looks for the hooks, and ``setup.py`` installs it inside the package so that the
 installed distribution has one top-level name, ``qedprobe``. The hook points themselves are
-declared in ``qedprobe/model/mixer.py`` and ``block.py``; these functions attach to them.
+declared in ``qedprobe/model/mixer.py`` and ``model.py``; these functions attach to them.
 
 * :mod:`.recorders`: streaming per-head statistics of the probes (``e``, ``rho``, ``|Sd|``,
   ``|d|``, ``lambda``) without keeping every token.

@@ -9,7 +9,7 @@ from helpers import tiny, tiny_model
 from qedprobe.eval.sweep import SweepError, load_results, run_sweep
 from qedprobe.eval.tasks import NIAHTask
 from qedprobe.model import strength
-from qedprobe.model.conv import ShortConvolution
+from qedprobe.model.layers import ShortConvolution
 from qedprobe.model.decode_step import graph_usable
 from qedprobe.model.packing import pack_prompts
 

@@ -24,7 +24,7 @@ MODEL_HOOKS = ("embed",)
 BLOCK_HOOKS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 MIXER_HOOKS = ("q", "k", "v", "b", "w", "g", "lambda", "d", "o", "rho", "Sd", "e")
 """The short names of the hook points: the model's, each block's and each recurrence's
-(``qedprobe/model/model.py``, ``block.py``, ``mixer.py``)."""
+(``qedprobe/model/model.py``: the model and ``QEDBlock``; ``mixer.py``)."""
 
 
 def hook_name(name: str, layer: int | None = None, mixer_name: str = "attn") -> str:

@@ -43,9 +43,8 @@ from qedprobe.lam import init_theta, lambda_from_theta, random_directions
 from qedprobe.ops import qed_attention
 
 from .config import QEDConfig
-from .conv import ShortConvolution
 from .hookio import observe, through
-from .norm import RMSNorm
+from .layers import RMSNorm, ShortConvolution
 
 class MixerState(NamedTuple):
     """Carried state of one mixer: ``recurrent`` ``[N, H, K, V]`` (float32) and the q/k/v

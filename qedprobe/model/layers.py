@@ -1,4 +1,17 @@
-r"""Causal depthwise short convolution + SiLU, with a carried cache (fla's ``ShortConvolution``).
+r"""The layers the mixer and the block are built from, with fla's parameter names.
+
+**RMSNorm**, and the sigmoid-gated RMSNorm of the mixer's output (fla's ``RMSNorm`` /
+``FusedRMSNormGated(activation="sigmoid")``), computed in float32, returned in the input dtype::
+
+    rms_norm(x)        = x / sqrt(mean(x^2) + eps) * weight
+    gated_rms_norm(x, g) = rms_norm(x) * sigmoid(g)
+
+``hook_scale`` shows ``sqrt(mean(x^2) + eps)`` ``[..., 1]`` (TransformerLens' RMS ``hook_scale``,
+which ``ActivationCache.apply_ln_to_stack`` divides by); it is a read-only observation, computed
+only when hooked, so the normalisation itself is the same arithmetic with or without it.
+
+**ShortConvolution**: causal depthwise short convolution + SiLU, with a carried cache (fla's
+``ShortConvolution``).
 
 Per channel ``c`` with kernel ``w_c`` of width ``W`` and the history ``h`` (the last ``W - 1``
 inputs before this call, zeros at a sequence start)::
@@ -13,12 +26,38 @@ synchronisation: each sequence gets its own ``W - 1`` history slots in a padded 
 (``T + N (W - 1)`` long), so no tap ever reaches the previous sequence. The arithmetic per
 element is the one of the unpacked path: on CUDA packed results equal per-sequence ones bit for
 bit; on CPU the SIMD body and scalar tail of ``silu`` may differ in the last bit (float32).
+
+**SwiGLUMLP** with fla's ``GatedMLP`` key names: ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from .hookio import observe
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation over the last axis with a learned ``weight`` ``[D]``."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.hook_scale = HookPoint()
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` ``[..., D]``; with ``gate`` ``[..., D]`` the result is multiplied by ``sigmoid(gate)``."""
+        xf = x.float()
+        inv_scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.hook_scale.has_hooks(dir="fwd"):
+            observe(self.hook_scale, 1 / inv_scale, advice="")
+        y = xf * inv_scale * self.weight.float()
+        if gate is not None:
+            y = y * torch.sigmoid(gate.float())
+        return y.to(x.dtype)
 
 
 class ShortConvolution(nn.Module):
@@ -77,3 +116,16 @@ class ShortConvolution(nn.Module):
         if cu_seqlens is None:
             return self._rows(x, cache)
         return self._packed(x, cache, cu_seqlens)
+
+
+class SwiGLUMLP(nn.Module):
+    """``[..., hidden] -> [..., hidden]`` through ``intermediate_size`` channels."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
