@@ -2,6 +2,7 @@
 the trained BPE tokenizer shipped beside a model, and the foreign-key control."""
 import argparse
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -160,6 +161,10 @@ def test_init_starts_a_run_from_a_model_folder_of_the_same_config(tmp_path):
     for (name, a), b, c in zip(first.state_dict().items(), second.state_dict().values(), fresh.state_dict().values()):
         assert torch.equal(a, b) and b.dtype == torch.float32, name
     assert not all(torch.equal(a, c) for a, c in zip(first.state_dict().values(), fresh.state_dict().values()))
+    saved = json.loads((tmp_path / "stage1" / "config.json").read_text())
+    saved["task_format"] = None  # what an earlier stage was trained on may differ
+    (tmp_path / "stage1" / "config.json").write_text(json.dumps(saved))
+    build_model(dataclasses.replace(cfg, init=str(tmp_path / "stage1")), 259)
     with pytest.raises(ValueError, match="hidden_size"):
         wider = {**cfg.model, "hidden_size": 32}
         build_model(dataclasses.replace(cfg, model=wider, init=str(tmp_path / "stage1")), 259)

@@ -68,6 +68,9 @@ from .runlog import LOG_NAME, note, read_log, truncate_log
 from .schedule import WSD, wsd_scheduler
 from .state import load_latest, load_model_weights, rng_state, save_checkpoint, set_rng_state
 
+INIT_FREE = ("op_mode", "task_format")
+"""Model-config keys that may differ from an ``init`` folder's: how the op runs and what the
+earlier stage was trained on, not the model's shape or function."""
 FALLBACK_OPS = ("torch", "naive")
 """Differentiable PyTorch ops tried, in order, when the configured op has no backward."""
 
@@ -97,7 +100,7 @@ def resolve_device(name: str) -> torch.device:
 def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
     """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built), with
     the weights of the model folder ``cfg.init`` when given (a later training stage: its
-    ``config.json`` must equal this run's model config but for ``op_mode``); its config records
+    ``config.json`` must equal this run's model config but for :data:`INIT_FREE`); its config records
     the training documents' task format."""
     torch.manual_seed(cfg.seed)
     model = QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, task_format=TASK_FORMAT, **cfg.model))
@@ -107,7 +110,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
             raise ValueError(f"train: `init` {cfg.init!r} is not a model folder (no config.json)")
         want, have = model.cfg.to_dict(), QEDConfig.load(init / "config.json").to_dict()
         diffs = [f"{k}: {have.get(k)!r} != {want.get(k)!r}" for k in sorted(set(want) | set(have))
-                 if k != "op_mode" and have.get(k) != want.get(k)]
+                 if k not in INIT_FREE and have.get(k) != want.get(k)]
         if diffs:
             raise ValueError(f"train: `init` {cfg.init} has another model config ({'; '.join(diffs)})")
         load_model_weights(model, init)
