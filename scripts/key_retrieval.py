@@ -7,8 +7,10 @@ Each MODEL is a model folder (``config.json`` + ``model.safetensors``) or a trai
 whose ``step-NNNNNN`` checkpoints are all evaluated (a learning curve). For every (model, needles,
 haystack, length) cell it runs :func:`qedprobe.eval.sweep.run_sweep` at ``s = 1`` twice: on
 ``mk-niah`` and on its foreign-key control (:class:`qedprobe.eval.control.ForeignKeyTask`,
-same prompts asking a key no needle has), and prints one row: real accuracy, control accuracy
-and the chance level ``1 / needles``. Key matching shows as real >> chance >= control. Results go
+same prompts asking a key no needle has), and prints one row: on the real prompts and on the
+control, the exact accuracy and the share of answers that start writing the asked needle's value
+(the needle sharing the longest prefix with the answer; robust to a model that copies digits
+imperfectly), with the chance level ``1 / needles``. Key matching shows as real >> chance >= control. Results go
 to ``OUT/<model>/<task>-n<needles>-<haystack>[-control]/`` (resumable sweep folders); the table
 is also written to ``OUT/key_retrieval.md``.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 
 from qedprobe.eval.control import ForeignKeyTask
-from qedprobe.eval.sweep import parse_int_list, run_sweep
+from qedprobe.eval.sweep import load_results, parse_int_list, run_sweep
 from qedprobe.eval.tasks import NIAHTask
 from qedprobe.model import QEDModel
 
@@ -43,8 +45,20 @@ def model_folders(paths) -> list[Path]:
     return found
 
 
+def first_pick(prediction: str, needles) -> int | None:
+    """Index of the needle whose value the prediction starts writing: the one sharing the longest
+    prefix with the prediction's digits, None when no needle's first digit is written or two tie."""
+    digits = "".join(ch for ch in prediction if not ch.isspace())
+    shared = [next((i for i, (a, b) in enumerate(zip(digits, v)) if a != b), min(len(digits), len(v)))
+              for _, v, _ in needles]
+    best = max(shared)
+    return shared.index(best) if best > 0 and shared.count(best) == 1 else None
+
+
 def cell(model, folder: Path, tok, args, needles: int, haystack: str, control: bool) -> dict:
-    """One sweep at s = 1 over ``args.lengths``; returns ``{length: accuracy}``."""
+    """One sweep at s = 1 over ``args.lengths``; returns ``{length: (exact accuracy, picked)}``,
+    ``picked`` the share of prompts whose answer starts writing the asked needle's value
+    (:func:`first_pick`; chance 1 / needles for a model that copies some needle at random)."""
     kind = ForeignKeyTask if control else NIAHTask
     task = kind("mk-niah", tok, num_needles=needles, haystack=haystack)
     name = f"mk-niah-n{needles}-{haystack}" + ("-control" if control else "")
@@ -52,7 +66,12 @@ def cell(model, folder: Path, tok, args, needles: int, haystack: str, control: b
     result = run_sweep(model, task.tokenizer, task=task, lengths=args.lengths, strengths=[1.0],
                        samples=args.samples, seed=args.seed, out=out, batch_size=args.batch_size,
                        model_id=str(folder.resolve()), progress=False, decode="answer")
-    return {r["length"]: r["accuracy"] for r in result.summary}
+    picked = {}
+    for r in load_results(out):
+        sample = task.sample(r["length"], r["sample_id"], samples=args.samples, seed=args.seed)
+        picked.setdefault(r["length"], []).append(first_pick(r["prediction"], sample.needles) == 0)
+    return {r["length"]: (r["accuracy"], sum(picked[r["length"]]) / len(picked[r["length"]]))
+            for r in result.summary}
 
 
 def main(argv=None) -> int:
@@ -72,8 +91,8 @@ def main(argv=None) -> int:
     needles = parse_int_list(args.needles, "--needles")
     haystacks = [h.strip() for h in args.haystacks.split(",")]
     torch.set_num_threads(args.threads)
-    lines = ["| model | needles | haystack | length | chance | real | foreign-key control |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | needles | haystack | length | chance | real: exact / starts the asked value | "
+             "foreign-key control: exact / starts the asked value |", "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for folder in model_folders(args.models):
         tok = args.tokenizer or (str(folder) if (folder / "tokenizer.json").is_file() else "bytes")
@@ -84,7 +103,8 @@ def main(argv=None) -> int:
                 ctrl = cell(model, folder, tok, args, n, hay, True)
                 for length in args.lengths:
                     line = (f"| {folder.parent.name}/{folder.name} | {n} | {hay} | {length} | {1 / n:.2f} | "
-                            f"{real[length]:.3f} | {ctrl[length]:.3f} |")
+                            f"{real[length][0]:.2f} / {real[length][1]:.2f} | "
+                            f"{ctrl[length][0]:.2f} / {ctrl[length][1]:.2f} |")
                     lines.append(line)
                     print(line, flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
