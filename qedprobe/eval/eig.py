@@ -292,6 +292,8 @@ class EigAccumulator:
     def plot(self, out) -> list[Path]:
         """One figure of per-head histograms per quantity (empty bins are gaps, not a floor),
         and ``eig_heatmaps.png`` (min e, max e, max sigma per layer and head)."""
+        from matplotlib.ticker import MaxNLocator, NullFormatter
+
         from .plots import figure
         out = Path(out)
         paths = []
@@ -304,7 +306,8 @@ class EigAccumulator:
                                     ("log10_corr", "log10 |lam rho| scale ||S_bar^T d||", "eig_corr_hist.png"),
                                     ("rho", "rho_t = q_t . k_t", "eig_rho_hist.png")):
             centers = 0.5 * (self.edges[name][1:] + self.edges[name][:-1]).numpy()
-            fig = figure(figsize=(3.2 * cols, 2.4 * rows + 0.4))
+            legend_rows = math.ceil(self.H / 8)
+            fig = figure(figsize=(3.2 * cols, 2.4 * rows + 0.5 + 0.15 * legend_rows))
             axes = fig.subplots(rows, cols, squeeze=False)
             for j, l in enumerate(self.layers):
                 ax = axes[j // cols][j % cols]
@@ -312,19 +315,24 @@ class EigAccumulator:
                     hist = all_hist[name][l, h, 1:-1].numpy().astype(float)
                     ax.step(centers, np.where(hist > 0, hist, np.nan), where="mid", lw=0.8, label=f"h{h}")
                 ax.set_yscale("log")
+                ax.yaxis.set_minor_formatter(NullFormatter())  # decade labels only, never 2x10^0 ... 6x10^0
                 ax.set_xlim(*self.hist_range(name, all_hist[name]))
                 ax.set_title(f"layer {l}", fontsize=8)
                 ax.tick_params(labelsize=7)
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # labels of a 3-inch panel never touch
                 if name == "e":
                     for v in (0.0, 1.0):
                         ax.axvline(v, color="k", lw=0.5, ls="--")
             for j in range(L, rows * cols):
                 axes[j // cols][j % cols].axis("off")
-            axes[0][0].legend(fontsize=6, ncol=2 if self.H <= 8 else 4)
             fig.suptitle(self.title(), fontsize=9)
+            handles, labels = axes[0][0].get_legend_handles_labels()  # one legend for all panels, under the title
+            top = 1 - (0.35 + 0.15 * legend_rows) / fig.get_figheight()
+            fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, top + 0.1 / fig.get_figheight()),
+                       ncol=min(self.H, 8), fontsize=6, frameon=False)
             fig.supxlabel(xlabel, fontsize=9)
             fig.supylabel("tokens (log)", fontsize=9)
-            fig.tight_layout()
+            fig.tight_layout(rect=(0, 0, 1, top - 0.05 / fig.get_figheight()))
             fig.savefig(out / fname, dpi=110)
             paths.append(out / fname)
         paths.append(self._plot_heatmaps(out / "eig_heatmaps.png"))
@@ -345,7 +353,8 @@ class EigAccumulator:
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("head")
             ax.set_ylabel("layer")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(self.H, 16)))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(self.H, 8)))  # <= 9 labels: no overlap
+            ax.tick_params(axis="x", labelsize=8)
             step = max(1, math.ceil(L / 24))  # at most 24 layer labels, so they never overlap
             ax.set_yticks(range(0, L, step))
             ax.set_yticklabels(self.layers[::step], fontsize=7)
