@@ -299,7 +299,10 @@ def load_results(out) -> list[dict]:
 
 # ---------------------------------------------------------------------------------- summary
 def summarize(rows, ref_s=1.0) -> list[dict]:
-    """Accuracy, Wilson 95% interval and the exact McNemar test against ``ref_s`` per length x s."""
+    """Accuracy, Wilson 95% interval, RULER's score in percent (``score_pct``: the mean of the rows'
+    ``score``) and the exact McNemar test against ``ref_s`` per length x s. Rows written before
+    task formats existed have no ``score`` or ``format``: their ``correct`` is their score and
+    their format is ``legacy``."""
     by = defaultdict(dict)  # (length, s) -> {sample_id: correct}
     share = defaultdict(dict)  # (length, s) -> {sample_id: share of the answers found}
     task, fmt = {}, {}
