@@ -99,7 +99,7 @@ def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, length
     ax.set_ylabel("accuracy (%), Wilson 95% CI")
     ax.set_ylim(-3, 103)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside the axes: hides no point
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
