@@ -6,7 +6,8 @@
 # seconds of the H200 (default 1200, 20 min) or less.
 #
 # Recipe (docs/TRAINING.md, "The interference recipe"): the `small` shape, the `interference`
-# mixture (MK-NIAH with 2-16 needles in noise and prose, every needle asked, plus S-NIAH-1/2/3)
+# mixture (MK-NIAH with 2-16 needles in noise and prose, as many queries as needles drawn with
+# replacement, plus S-NIAH-1/2/3)
 # in rows of L_train = 2048 BPE tokens (the tokenizer of `qedprobe train-tokenizer` with the
 # arguments below, deterministic; trained here first if TOK has none, and shipped in every model
 # folder), the answer loss with the key-dependent answer tokens weighted KEY_WEIGHT, the

@@ -178,3 +178,25 @@ def test_sweep_refuses_the_control_outside_mk_niah(tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--control foreign-key needs --format legacy --task mk-niah" in err and len(err.strip().splitlines()) == 1
+
+
+def test_random_queries_draw_needles_with_replacement(monkeypatch):
+    """queries='random': as many queries as needles, each a needle of the document, repeats
+    allowed (no elimination shortcut), answers and key-dependent digits as for 'all'."""
+    from qedprobe.train import data as data_mod
+    monkeypatch.setitem(data_mod.MIXTURES, "test-random", (Component("mk-niah", 1.0, "noise", (3, 3), "random"),))
+    data = TrainData(1280, "test-random", seed=0, tokenizer="bytes")
+    tok, repeats, docs = data.tokenizer, 0, 0
+    for r in range(8):
+        ids, answer, key = data.row(r)
+        end = ids.index(tok.pad_id) if tok.pad_id in ids else len(ids)
+        starts = [i for i, t in enumerate(ids) if t == tok.bos_id] + [end]
+        for a, b in zip(starts, starts[1:]):
+            text = tok.decode(ids[a:b])
+            needles, asked = dict(NEEDLE_RE.findall(text)), QUERY_RE.findall(text)
+            docs += 1
+            assert len(needles) == len(asked) == 3 and all(needles[k] == v for k, v in asked)
+            repeats += len({k for k, _ in asked}) < 3
+            want = sum(1 + max(common_prefix(v, w) for w in needles.values() if w != v) for _, v in asked)
+            assert sum(key[a:b]) == want
+    assert docs >= 8 and repeats >= 1

@@ -26,16 +26,19 @@ draw keys, values and haystack offsets from different seed streams (``tests/test
 checks that no prompt and no asked (key, value) pair is shared). The haystack texts (the noise
 sentences and the shipped prose file) are shared: they are the filler, not the answer.
 
-Multi-query documents (components with ``queries="all"``, MK-NIAH only): after the sample's own
-question and answer, every other needle is asked too, in a random order, each query line being
-the sample's last prompt line (question and answer prefix) with the asked key replaced
-(:func:`qedprobe.eval.control.query_line`)::
+Multi-query documents (MK-NIAH components with ``queries`` other than ``"one"``): after the
+sample's own question and answer come ``num_needles - 1`` more query lines and answers, each
+query line being the sample's last prompt line (question and answer prefix) with the asked key
+replaced (:func:`qedprobe.eval.control.query_line`)::
 
     ... {question(k0)} {prefix(k0)} {v0}.\n{question(k3)} {prefix(k3)} {v3}.\n ... [EOS]
 
-so one haystack supervises every key-value pair (dense supervision, as in multi-query
-associative recall). The sample is drawn that many query lines shorter, so the document still
-fits its length.
+so one haystack supervises many key-value pairs (dense supervision, as in multi-query
+associative recall). ``queries="all"`` asks every other needle once, in a random order; that
+lets a model answer later queries by elimination (the values not given yet) without matching
+any key, and the last one is determined outright. ``queries="random"`` asks needles drawn
+uniformly with replacement, so earlier answers say nothing about the next asked key. The sample
+is drawn that many query lines shorter, so the document still fits its length.
 
 Targets are the next tokens; the batch carries three masks over targets: ``valid`` (not PAD),
 ``answer`` (the value's tokens, what RULER scores) and ``key`` (the *key-dependent* answer
@@ -59,7 +62,7 @@ from qedprobe.tokenizer import load_tokenizer
 TASK_FORMAT = "legacy"
 """The task format of the training documents (recorded in the model's ``config.json``)."""
 
-QUERIES = ("one", "all")
+QUERIES = ("one", "all", "random")
 QUERY_SLACK = 16
 """Tokens reserved per extra query line beyond the calibration line (keys differ in length)."""
 SAMPLE_SPACE = 10**9
@@ -70,8 +73,8 @@ SAMPLE_SPACE = 10**9
 class Component:
     """One part of a mixture: a task of ``qedprobe.eval.tasks.TASKS``, its sampling weight, the
     haystack (``mk-niah`` only: ``"noise"`` or ``"prose"``), the inclusive needle-count range and
-    ``queries``: ``"one"`` (the sample's asked needle) or ``"all"`` (``mk-niah`` only: every
-    needle asked, see the module docstring)."""
+    ``queries``: ``"one"`` (the sample's asked needle), ``"all"`` or ``"random"`` (``mk-niah``
+    only: every needle asked once, or needles drawn with replacement; see the module docstring)."""
 
     task: str
     weight: float
@@ -82,8 +85,8 @@ class Component:
     def __post_init__(self):
         if self.queries not in QUERIES:
             raise ValueError(f"Component: `queries` must be one of {QUERIES}, got {self.queries!r}")
-        if self.queries == "all" and self.task != "mk-niah":
-            raise ValueError(f"Component: `queries='all'` needs task 'mk-niah', got {self.task!r}")
+        if self.queries != "one" and self.task != "mk-niah":
+            raise ValueError(f"Component: `queries={self.queries!r}` needs task 'mk-niah', got {self.task!r}")
 
 
 MIXTURES = {
@@ -102,17 +105,18 @@ MIXTURES = {
         Component("s-niah-2", 0.3),
         Component("mk-niah", 0.3, "noise", (2, 2)),
     ),
-    # Key-matched retrieval under interference: 2-16 needles in noise and prose with every needle
-    # asked (most of the weight), plus the single-needle tasks. Rows of >= 4096 bytes, or fewer
-    # tokens with a BPE tokenizer (qedprobe train-tokenizer).
+    # Key-matched retrieval under interference: 2-16 needles in noise and prose, as many queries
+    # as needles drawn with replacement (most of the weight), plus the single-needle tasks. Rows
+    # of >= 4096 bytes, or fewer tokens with a BPE tokenizer (qedprobe train-tokenizer).
     "interference": (
         Component("s-niah-1", 0.10),
         Component("s-niah-2", 0.10),
         Component("s-niah-3", 0.05),
-        Component("mk-niah", 0.375, "noise", (2, 16), "all"),
-        Component("mk-niah", 0.375, "prose", (2, 16), "all"),
+        Component("mk-niah", 0.375, "noise", (2, 16), "random"),
+        Component("mk-niah", 0.375, "prose", (2, 16), "random"),
     ),
-    # The same with 2-4 needles, for rows of 256-512 BPE tokens (the CPU micro model).
+    # 2-4 needles with every needle asked once, for rows of 512 BPE tokens or 1280 bytes (the CPU
+    # pilots of docs/RESULTS.md; "all" has the elimination shortcut of the module docstring).
     "interference-micro": (
         Component("s-niah-1", 0.10),
         Component("mk-niah", 0.45, "noise", (2, 4), "all"),
@@ -165,7 +169,7 @@ class TrainData:
             for n in range(comp.needles[0], comp.needles[1] + 1):
                 task = make_task(comp.task, self.tokenizer, format=TASK_FORMAT, haystack=comp.haystack,
                                  num_needles=n if comp.task == "mk-niah" else None)
-                reserve = self._query_reserve(task) if comp.queries == "all" else 0
+                reserve = self._query_reserve(task) if comp.queries != "one" else 0
                 need = task.min_length() + (n - 1) * reserve
                 if need > seq_len + 1:
                     raise ValueError(f"TrainData: `seq_len` {seq_len} is too short for mixture "
@@ -202,9 +206,12 @@ class TrainData:
         values = [value for _, value, _ in sample.needles]
         ids, answer, key = list(sample.input_ids), [False] * len(sample.input_ids), [False] * len(sample.input_ids)
         asked = [sample.needles[0]]
-        if self.components[c].queries == "all":
+        queries = self.components[c].queries
+        if queries == "all":
             others = sample.needles[1:]
             asked += rng.sample(others, len(others))
+        elif queries == "random":
+            asked += [rng.choice(sample.needles) for _ in range(n - 1)]
         for q, (k, value, _) in enumerate(asked):
             if q:
                 line = self.tokenizer.encode("\n" + query_line(sample, k))
