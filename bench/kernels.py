@@ -1,4 +1,4 @@
-"""Kernel benchmark: qed_chunk and qed_recurrent against fla 0.6.0 in one process (issue #12).
+"""Kernel benchmark: qed_chunk and qed_recurrent against fla 0.6.0 in one process.
 
 CUDA only; not a test.
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call for the kernels (issue #12): the GPU tests of qed_chunk / qed_recurrent, then the
+# One device call for the kernels: the GPU tests of qed_chunk / qed_recurrent and of the CUDA-graph
+# decode, then the
 # benchmark (bench/kernels.py: fla's forward+backward first, the order-independence check,
 # T 1K-32K, probes on/off, every arm, grouped heads, forward+backward, decode).
 #
@@ -25,10 +26,10 @@ PARTS=${PARTS:-tests bench}
 # From /tmp, so that the installed wheel (with qedprobe.kernels) is imported, not the source folder.
 cd /tmp
 if [[ " $PARTS " == *" tests "* ]]; then
-    select="gpu or GPU"
+    select="gpu or GPU or cuda_graph"
     [[ ${FLA_BWD:-0} == 1 ]] || select="($select) and not test_gpu_vs_fla_gdn2_backward"
     timeout "${TEST_SECONDS:-240}" python3 -m pytest -v -p no:cacheprovider --rootdir /tmp -k "$select" \
-        "$REPO"/tests/test_chunk.py "$REPO"/tests/test_chunk_bwd.py "$REPO"/tests/test_fused_recurrent.py \
+        "$REPO"/tests/test_chunk.py "$REPO"/tests/test_chunk_bwd.py "$REPO"/tests/test_fused_recurrent.py "$REPO"/tests/test_decode_fast.py \
         2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|passed|failed" | tail -40
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
