@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_common import _put, _row, _tile, channel_slice, chunk_position, shifted
+from .chunk_common import store_tile, tile_row, load_tile, channel_slice, chunk_position, shifted
 
 
 @triton.jit
@@ -66,8 +66,8 @@ def _block(X, g, g_f, rows, m_r, cols, m_c, o_t, J: tl.constexpr, H: tl.constexp
            BC: tl.constexpr, DT: tl.constexpr):
     """Row block ``J`` (``BC`` tokens) of ``X`` and of the within-chunk cumsum ``G``."""
     prefix = tl.sum(tl.where(o_t[:, None] < J * BC, g_f, 0.), 0)
-    G = tl.cumsum(_tile(g, rows, m_r, cols, m_c, H * K, DT), 0) + prefix[None, :]
-    return _tile(X, rows, m_r, cols, m_c, H * K, DT), G
+    G = tl.cumsum(load_tile(g, rows, m_r, cols, m_c, H * K, DT), 0) + prefix[None, :]
+    return load_tile(X, rows, m_r, cols, m_c, H * K, DT), G
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def _dblock(D, rows, m_r, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT:
             BC: tl.constexpr, DT: tl.constexpr):
     """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]``-per-chunk score gradient."""
     cols = J * BC + tl.arange(0, BC)
-    return _tile(D, rows, m_r, cols, cols < BT, H * BT, DT)
+    return load_tile(D, rows, m_r, cols, cols < BT, H * BT, DT)
 
 
 @triton.jit
@@ -93,14 +93,14 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, 
     rI = r0 + I * BC + o_c
     mI = rI < eos
     kI, GI = _block(KH, g, g_f, rI, mI, cols, m_c, o_t, I, H, K, BC, DT)
-    qI = _tile(QH, rI, mI, cols, m_c, H * K, DT) * scale
-    aI = _tile(A, rI, mI, cols, m_c, H * K, DT)
+    qI = load_tile(QH, rI, mI, cols, m_c, H * K, DT) * scale
+    aI = load_tile(A, rI, mI, cols, m_c, H * K, DT)
     causal = o_c[:, None] >= o_c[None, :]
     dq, da, dk = _score_terms(qI, kI, aI, GI,
                               tl.where(causal, _dblock(DAQK, rI, mI, I, I, H, BT, BC, DT), 0.),
                               tl.where(o_c[:, None] > o_c[None, :], _dblock(DAKK, rI, mI, I, I, H, BT, BC, DT), 0.),
                               o_c, BC)
-    sI = _row(GI, 0, BC)
+    sI = tile_row(GI, 0, BC)
     accq = dq * 0.
     acca = dq * 0.
     for J in tl.static_range(I):
@@ -117,15 +117,15 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, 
         r2 = r0 + I2 * BC + o_c
         m2 = r2 < eos
         a2, G2 = _block(A, g, g_f, r2, m2, cols, m_c, o_t, I2, H, K, BC, DT)
-        q2 = _tile(QH, r2, m2, cols, m_c, H * K, DT) * scale
-        s2 = _row(G2, 0, BC)
+        q2 = load_tile(QH, r2, m2, cols, m_c, H * K, DT) * scale
+        s2 = tile_row(G2, 0, BC)
         e2 = tl.exp(G2 - s2[None, :])
         acc = (tl.dot(tl.trans(_dblock(DAQK, r2, m2, I2, I, H, BT, BC, DT)), q2 * e2, input_precision=PREC)
                + tl.dot(tl.trans(_dblock(DAKK, r2, m2, I2, I, H, BT, BC, DT)), a2 * e2, input_precision=PREC))
         dk += tl.exp(s2[None, :] - GI) * acc
-    _put(DQ, dq, rI, mI, cols, m_c, H * K)
-    _put(DA, da, rI, mI, cols, m_c, H * K)
-    _put(DK, dk, rI, mI, cols, m_c, H * K)
+    store_tile(DQ, dq, rI, mI, cols, m_c, H * K)
+    store_tile(DA, da, rI, mI, cols, m_c, H * K)
+    store_tile(DK, dk, rI, mI, cols, m_c, H * K)
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -154,12 +154,12 @@ def qed_bwd_wy_kernel(
     U, DO, DU, RS, DWV = shifted((U, DO, DU, RS, DWV), i_h * V)
     for i_v in range(NV):
         cols, m_c = channel_slice(i_v, BVS, V)
-        dwv = tl.dot(tl.trans(Tm), _tile(DU, rows, m_t, cols, m_c, H * V, DT), input_precision=PREC)
-        _put(DWV, dwv, rows, m_t, cols, m_c, H * V)
-        dAkk -= tl.dot(dwv, tl.trans(_tile(U, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
-        dAqk += tl.dot(_tile(DO, rows, m_t, cols, m_c, H * V, DT),
-                       tl.trans(_tile(RS, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
-    _put(DAQK, tl.where(o_t[:, None] >= o_t[None, :], dAqk, 0.), rows, m_t, o_t, o_t < BT, H * BT)
+        dwv = tl.dot(tl.trans(Tm), load_tile(DU, rows, m_t, cols, m_c, H * V, DT), input_precision=PREC)
+        store_tile(DWV, dwv, rows, m_t, cols, m_c, H * V)
+        dAkk -= tl.dot(dwv, tl.trans(load_tile(U, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
+        dAqk += tl.dot(load_tile(DO, rows, m_t, cols, m_c, H * V, DT),
+                       tl.trans(load_tile(RS, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
+    store_tile(DAQK, tl.where(o_t[:, None] >= o_t[None, :], dAqk, 0.), rows, m_t, o_t, o_t < BT, H * BT)
 
     # ---- over key slices: dqg, dkg, dgamma, dW (sums over value blocks with S0, dS1), then
     # d(a e^G) = Tm^T dW and dA_kk -= d(a e^G) W^T
@@ -173,21 +173,21 @@ def qed_bwd_wy_kernel(
         dgam = tl.zeros([BKS], dtype=DT)
         for i_v in range(NV):
             cv, m_v = channel_slice(i_v, BVS, V)
-            s0 = _tile(HS + p_s, cols, m_c, cv, m_v, V, DT)
-            ds1 = _tile(DH + p_s, cols, m_c, cv, m_v, V, DT)
-            dqg += tl.dot(_tile(DO, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
-            dw -= tl.dot(_tile(DU, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
-            dkg += tl.dot(_tile(RS, rows, m_t, cv, m_v, H * V, DT), tl.trans(ds1), input_precision=PREC)
+            s0 = load_tile(HS + p_s, cols, m_c, cv, m_v, V, DT)
+            ds1 = load_tile(DH + p_s, cols, m_c, cv, m_v, V, DT)
+            dqg += tl.dot(load_tile(DO, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
+            dw -= tl.dot(load_tile(DU, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
+            dkg += tl.dot(load_tile(RS, rows, m_t, cv, m_v, H * V, DT), tl.trans(ds1), input_precision=PREC)
             dgam += tl.sum(s0 * ds1, 1)
-        _put(DQG + off, dqg, rows, m_t, cols, m_c, H * K)
-        _put(DKG + off, dkg, rows, m_t, cols, m_c, H * K)
+        store_tile(DQG + off, dqg, rows, m_t, cols, m_c, H * K)
+        store_tile(DKG + off, dkg, rows, m_t, cols, m_c, H * K)
         tl.store(DGL + (i_g * H + i_h) * K + cols, dgam.to(DGL.dtype.element_ty), mask=m_c)
         dag = tl.dot(tl.trans(Tm), dw, input_precision=PREC)
-        _put(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read by qed_bwd_scores_kernel
-        dAkk -= tl.dot(dag, tl.trans(_tile(W + off, rows, m_t, cols, m_c, H * K, DT)), input_precision=PREC)
+        store_tile(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read by qed_bwd_scores_kernel
+        dAkk -= tl.dot(dag, tl.trans(load_tile(W + off, rows, m_t, cols, m_c, H * K, DT)), input_precision=PREC)
     dAkk = tl.where(o_t[:, None] > o_t[None, :], dAkk, 0.)
     tl.debug_barrier()
-    _put(AKK, dAkk, rows, m_t, o_t, o_t < BT, H * BT)  # AKK now holds dA_kk
+    store_tile(AKK, dAkk, rows, m_t, o_t, o_t < BT, H * BT)  # AKK now holds dA_kk
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -210,30 +210,30 @@ def qed_bwd_scores_kernel(
     QH, KH, A, g, DQ, DA, DK, DG, DQG, DKG = shifted((QH, KH, A, g, DQ, DA, DK, DG, DQG, DKG), off)
     r0 = bos + i_t * BT
     cols, m_c = channel_slice(i_k, BKS, K)
-    g_f = _tile(g, rows, m_t, cols, m_c, H * K, DT)
+    g_f = load_tile(g, rows, m_t, cols, m_c, H * K, DT)
     for I in tl.static_range(BT // BC):
         _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
                      I, H, K, BT, BC, DT, PREC)
     tl.debug_barrier()
     G = tl.cumsum(g_f, 0)
     gl = tl.sum(g_f, 0)
-    qs = _tile(QH, rows, m_t, cols, m_c, H * K, DT) * scale
-    kh = _tile(KH, rows, m_t, cols, m_c, H * K, DT)
-    a = _tile(A, rows, m_t, cols, m_c, H * K, DT)
-    dqp = _tile(DQ, rows, m_t, cols, m_c, H * K, DT)
-    dap = _tile(DA, rows, m_t, cols, m_c, H * K, DT)
-    dkp = _tile(DK, rows, m_t, cols, m_c, H * K, DT)
+    qs = load_tile(QH, rows, m_t, cols, m_c, H * K, DT) * scale
+    kh = load_tile(KH, rows, m_t, cols, m_c, H * K, DT)
+    a = load_tile(A, rows, m_t, cols, m_c, H * K, DT)
+    dqp = load_tile(DQ, rows, m_t, cols, m_c, H * K, DT)
+    dap = load_tile(DA, rows, m_t, cols, m_c, H * K, DT)
+    dkp = load_tile(DK, rows, m_t, cols, m_c, H * K, DT)
     eg = tl.where(m_t[:, None], tl.exp(G), 0.)
     ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
-    dqg = _tile(DQG, rows, m_t, cols, m_c, H * K, DT)
-    dkg = _tile(DKG, rows, m_t, cols, m_c, H * K, DT)
-    dag = _tile(DG, rows, m_t, cols, m_c, H * K, DT)
+    dqg = load_tile(DQG, rows, m_t, cols, m_c, H * K, DT)
+    dkg = load_tile(DKG, rows, m_t, cols, m_c, H * K, DT)
+    dag = load_tile(DG, rows, m_t, cols, m_c, H * K, DT)
     dgam = tl.load(DGL + (i_g * H + i_h) * K + cols, mask=m_c, other=0.).to(DT)
     kgd = dkg * kh * ekl
     dG = dqg * qs * eg + dag * a * eg - kgd + qs * dqp + a * dap - kh * dkp
     dgl = tl.sum(kgd, 0) + dgam * tl.exp(gl)
     tl.debug_barrier()
-    _put(DQ, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
-    _put(DA, dag * eg + dap, rows, m_t, cols, m_c, H * K)
-    _put(DK, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
-    _put(DG, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)
+    store_tile(DQ, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
+    store_tile(DA, dag * eg + dap, rows, m_t, cols, m_c, H * K)
+    store_tile(DK, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
+    store_tile(DG, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)

@@ -4,8 +4,8 @@ side :class:`ChunkLayout` of one call, and ``@triton.jit`` helpers.
 Where a program's chunk or sequence lies (``chunk_position`` for the per-chunk kernels,
 ``scan_program`` / ``sequence_span`` for the per-sequence scans), the index ranges, masks and
 offsets built from that (``channel_slice``, ``scan_ranges``, ``chunk_rows``, ``state_block``),
-pointers moved to one head (``shifted``), and masked loads and stores of 2-D tiles (``_tile``,
-``_put``, ``_row``). They compute only indices, masks and pointers (no arithmetic on the data)
+pointers moved to one head (``shifted``), and masked loads and stores of 2-D tiles (``load_tile``,
+``store_tile``, ``tile_row``). They compute only indices, masks and pointers (no arithmetic on the data)
 and Triton inlines them into the kernels that call them.
 
 Per-token tensors are laid out ``[B * T, H, N]`` (row stride ``H * N``); states ``[.., K, V]``.
@@ -74,21 +74,21 @@ def chunk_layout(problem, cu_seqlens, device, prec: str) -> ChunkLayout:
 
 # ----------------------------------------------------------------------------------- tiles
 @triton.jit
-def _tile(ptr, rows, m_r, cols, m_c, stride, DT: tl.constexpr):
+def load_tile(ptr, rows, m_r, cols, m_c, stride, DT: tl.constexpr):
     """The ``[rows, cols]`` tile at ``ptr`` (row stride ``stride``), masked to 0, as ``DT``."""
     return tl.load(ptr + rows[:, None] * stride + cols[None, :],
                    mask=m_r[:, None] & m_c[None, :], other=0.).to(DT)
 
 
 @triton.jit
-def _put(ptr, x, rows, m_r, cols, m_c, stride):
+def store_tile(ptr, x, rows, m_r, cols, m_c, stride):
     """Store ``x`` as the ``[rows, cols]`` tile at ``ptr`` (row stride ``stride``), masked."""
     tl.store(ptr + rows[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty),
              mask=m_r[:, None] & m_c[None, :])
 
 
 @triton.jit
-def _row(x, i, BC: tl.constexpr):
+def tile_row(x, i, BC: tl.constexpr):
     """Row ``i`` of a ``[BC, N]`` tile as an ``[N]`` vector."""
     r = tl.arange(0, BC)
     return tl.sum(tl.where(r[:, None] == i, x, 0.), 0)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, _put, _tile, channel_slice, chunk_position
+from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_slice, chunk_position
 
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
@@ -57,7 +57,7 @@ def _raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: t
     if DIR_SOURCE == "z":
         x = q * 0. + tl.load(z + cols, mask=m_c, other=0.).to(DT)[None, :]
     elif DIR_SOURCE == "d":
-        x = _tile(d_in, rows, m_r, cols, m_c, HV * K, DT)
+        x = load_tile(d_in, rows, m_r, cols, m_c, HV * K, DT)
     elif DIR_SOURCE == "q":
         x = q
     else:
@@ -79,9 +79,9 @@ def _stats(q, k, b, z, d_in, rows, m_r, H: tl.constexpr, HV: tl.constexpr, K: tl
     kx = tl.zeros([BR], dtype=DT)
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
-        b_q = _tile(q, rows, m_r, cols, m_c, H * K, DT)
-        b_k = _tile(k, rows, m_r, cols, m_c, H * K, DT)
-        b_b = _tile(b, rows, m_r, cols, m_c, HV * K, DT)
+        b_q = load_tile(q, rows, m_r, cols, m_c, H * K, DT)
+        b_k = load_tile(k, rows, m_r, cols, m_c, H * K, DT)
+        b_b = load_tile(b, rows, m_r, cols, m_c, HV * K, DT)
         qq += tl.sum(b_q * b_q, 1)
         kk += tl.sum(b_k * b_k, 1)
         kq += tl.sum(b_k * b_q, 1)
@@ -115,9 +115,9 @@ def _erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.
                 DT: tl.constexpr):
     """Normalised ``q, k``, the direction ``d = x - c k`` and the erase vector ``a = b k + lam d``
     on one ``[rows, cols]`` slice."""
-    b_q = _tile(q, rows, m_r, cols, m_c, H * K, DT) * rq[:, None]
-    b_k = _tile(k, rows, m_r, cols, m_c, H * K, DT) * rk[:, None]
-    b_b = _tile(b, rows, m_r, cols, m_c, HV * K, DT)
+    b_q = load_tile(q, rows, m_r, cols, m_c, H * K, DT) * rq[:, None]
+    b_k = load_tile(k, rows, m_r, cols, m_c, H * K, DT) * rk[:, None]
+    b_b = load_tile(b, rows, m_r, cols, m_c, HV * K, DT)
     b_d = _raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE, DIR_GATED, DT) \
         - c[:, None] * b_k
     b_a = b_b * b_k + lam_r[:, None] * b_d
@@ -197,18 +197,18 @@ def qed_prep_kernel(
         cols, m_c = channel_slice(i_k, BKS, K)
         b_q, b_k, b_a, b_d = _erase_rows(q, k, b, z, d_in, rows, m_t, cols, m_c, b_rq, b_rk, b_c, lam_f,
                                        H, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        b_g = _tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
+        b_g = load_tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
         b_G = tl.cumsum(b_g, 0)
         b_glast = tl.sum(b_g, 0)
         b_ex = tl.exp(b_G)
-        _put(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
-        _put(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
-        _put(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
-        _put(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
+        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
+        store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
+        store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
+        store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
         tl.store(gl + (i_g * HV + i_hv) * K + cols, tl.exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
         if PROBES:
-            _put(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
-            _put(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
+            store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
+            store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
 
 
 @dataclass(frozen=True)
@@ -345,9 +345,9 @@ def qed_scores_kernel(
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
         gs = tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.).to(DT)
-        G_f = _tile(gc, rows, jm, cols, m_c, HV * K, DT)
-        k_f = _tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
-        G_i = _tile(gc, r_i, m_i, cols, m_c, HV * K, DT)
+        G_f = load_tile(gc, rows, jm, cols, m_c, HV * K, DT)
+        k_f = load_tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
+        G_i = load_tile(gc, r_i, m_i, cols, m_c, HV * K, DT)
         b_q, _k, b_a, b_d = _erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
                                        H, HV, K, DIR_SOURCE, DIR_GATED, DT)
         e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
@@ -368,10 +368,10 @@ def qed_scores_kernel(
     ri = (i_i * BC + o_c)[:, None]
     mc = o_t < BT
     off = i_hv * BT
-    _put(aqk + off, tl.where(ri >= o_t[None, :], accq, 0.) * scale, r_i, m_i, o_t, mc, HV * BT)
-    _put(akk + off, tl.where(ri > o_t[None, :], acck, 0.), r_i, m_i, o_t, mc, HV * BT)
+    store_tile(aqk + off, tl.where(ri >= o_t[None, :], accq, 0.) * scale, r_i, m_i, o_t, mc, HV * BT)
+    store_tile(akk + off, tl.where(ri > o_t[None, :], acck, 0.), r_i, m_i, o_t, mc, HV * BT)
     if PROBES:
-        _put(adk + off, tl.where(ri > o_t[None, :], accd, 0.), r_i, m_i, o_t, mc, HV * BT)
+        store_tile(adk + off, tl.where(ri > o_t[None, :], accd, 0.), r_i, m_i, o_t, mc, HV * BT)
 
 
 @dataclass(frozen=True)

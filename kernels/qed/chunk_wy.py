@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, _put, _tile, channel_slice, chunk_position
+from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_slice, chunk_position
 
 WY_BKS = 32
 """Key slice of the W/U kernel."""
@@ -60,7 +60,7 @@ def _blk(A, r0, eos, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.
     """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]`` per-chunk matrix starting at row ``r0``."""
     rows = r0 + I * BC + tl.arange(0, BC)
     cols = J * BC + tl.arange(0, BC)
-    return _tile(A, rows, rows < eos, cols, cols < BT, HV * BT, DT)
+    return load_tile(A, rows, rows < eos, cols, cols < BT, HV * BT, DT)
 
 
 @triton.jit
@@ -68,7 +68,7 @@ def _set(A, x, r0, eos, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: 
     """Store ``x`` as block ``(I, J)`` of a ``[BT, BT]`` per-chunk matrix starting at row ``r0``."""
     rows = r0 + I * BC + tl.arange(0, BC)
     cols = J * BC + tl.arange(0, BC)
-    _put(A, x, rows, rows < eos, cols, cols < BT, HV * BT)
+    store_tile(A, x, rows, rows < eos, cols, cols < BT, HV * BT)
 
 
 @triton.jit
@@ -149,18 +149,18 @@ def qed_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    b_ai = _tile(ai + i_hv * BT, rows, m_t, o_t, o_t < BT, HV * BT, DT).to(ag.dtype.element_ty)
+    b_ai = load_tile(ai + i_hv * BT, rows, m_t, o_t, o_t < BT, HV * BT, DT).to(ag.dtype.element_ty)
 
     off = i_hv * K
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
         b_ag = tl.load(ag + off + rows[:, None] * (HV * K) + cols[None, :], mask=m_t[:, None] & m_c[None, :], other=0.)
-        _put(w + off, tl.dot(b_ai, b_ag, input_precision=PREC), rows, m_t, cols, m_c, HV * K)
+        store_tile(w + off, tl.dot(b_ai, b_ag, input_precision=PREC), rows, m_t, cols, m_c, HV * K)
     off = i_hv * V
     for i_v in range(tl.cdiv(V, BVS)):
         cols, m_c = channel_slice(i_v, BVS, V)
-        b_wv = _tile(v + off, rows, m_t, cols, m_c, HV * V, DT) * _tile(w_gate + off, rows, m_t, cols, m_c, HV * V, DT)
-        _put(u + off, tl.dot(b_ai, b_wv.to(ag.dtype.element_ty), input_precision=PREC), rows, m_t, cols, m_c, HV * V)
+        b_wv = load_tile(v + off, rows, m_t, cols, m_c, HV * V, DT) * load_tile(w_gate + off, rows, m_t, cols, m_c, HV * V, DT)
+        store_tile(u + off, tl.dot(b_ai, b_wv.to(ag.dtype.element_ty), input_precision=PREC), rows, m_t, cols, m_c, HV * V)
 
 
 @dataclass(frozen=True)
