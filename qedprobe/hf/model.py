@@ -25,10 +25,8 @@ import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from qedprobe.model.generate import (DEFAULT_MAX_NEW_TOKENS, as_output, check_generate_options, check_sampling,
-                                     eos_ids, until_stop)
+from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, as_output, checked_generate_inputs, until_stop
 from qedprobe.model.hooked import HookedModel
-from qedprobe.model.packing import pack_prompts
 
 from . import route
 from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeling_module_name
@@ -151,12 +149,10 @@ class HFQEDModel(HookedModel):
         eagerly.
         """
         from transformers import GenerationConfig
-        vocab = self.cfg.vocab_size
-        packed = pack_prompts(prompts, vocab, self.device)
-        check_generate_options(max_new_tokens, stop_at_eos, pad_token_id, return_type)
-        check_sampling(do_sample, temperature, top_k, top_p, generator)
-        eos = eos_ids(eos_token_id, vocab)
-        stop_ids = eos if stop_at_eos else ()
+        packed, eos, stop_ids = checked_generate_inputs(
+            self, prompts, max_new_tokens, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos,
+            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+            return_type=return_type, pad_token_id=pad_token_id)
         if generator is not None:
             raise ValueError("generate: `generator` is not supported for a transformers model "
                              "(it samples with torch's global generator: use torch.manual_seed)")

@@ -192,6 +192,19 @@ def as_output(prompts, packed, new: list[list[int]], return_type: str, pad_token
 
 
 @torch.no_grad()
+def checked_generate_inputs(model, prompts, max_new_tokens, *, eos_token_id, stop_at_eos, do_sample,
+                            temperature, top_k, top_p, generator, return_type, pad_token_id):
+    """What every ``generate`` (ours and the transformers adapter's) does before decoding: pack
+    the prompts and refuse bad options by name. Returns ``(packed, eos, stop_ids)``: the EOS ids
+    (which also pad the output) and the ids that end a prompt (none with ``stop_at_eos=False``)."""
+    vocab = model.cfg.vocab_size
+    packed = pack_prompts(prompts, vocab, model.device)
+    check_generate_options(max_new_tokens, stop_at_eos, pad_token_id, return_type)
+    check_sampling(do_sample, temperature, top_k, top_p, generator)
+    eos = eos_ids(eos_token_id, vocab)
+    return packed, eos, (eos if stop_at_eos else ())
+
+
 def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
              eos_token_id: int | list[int] | None = None, stop_at_eos: bool = True,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
@@ -219,12 +232,10 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
     tokens bit for bit as the eager step (``tests/test_decode_fast.py``, passed on an H200);
     ``cuda_graph=False`` forces the eager step.
     """
-    vocab = model.cfg.vocab_size
-    packed = pack_prompts(prompts, vocab, model.device)
-    check_generate_options(max_new_tokens, stop_at_eos, pad_token_id, return_type)
-    check_sampling(do_sample, temperature, top_k, top_p, generator)
-    eos = eos_ids(eos_token_id, vocab)
-    stop_ids = eos if stop_at_eos else ()
+    packed, eos, stop_ids = checked_generate_inputs(
+        model, prompts, max_new_tokens, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+        return_type=return_type, pad_token_id=pad_token_id)
     new = [[] for _ in packed.lengths]
     if max_new_tokens > 0:
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
