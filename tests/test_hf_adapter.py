@@ -14,10 +14,12 @@ import torch
 pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 
 from qedprobe.hf import SUPPORTED, UnsupportedModelError, adapt, inject_qed
+from qedprobe.hf.cache import HFActivationCache
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder
 from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
-from qedprobe.model import strength
+from qedprobe.model import hook_name, strength
+from qedprobe.model.hooked import MIXER_HOOKS
 
 from helpers import HF_FAMILIES, hf_ids, hf_torch_reference, tiny_hf
 
@@ -103,6 +105,28 @@ def test_probe_shapes_and_erase_eigenvalue(family):
     torch.testing.assert_close(e, 1 - beta * kk / (kk + 1e-6), rtol=0, atol=1e-6)  # ||k_hat||^2 = kk / (kk + eps)
     assert float((e - (1 - beta)).abs().max()) > 1e-5  # the epsilon is visible: e is not 1 - beta
     assert torch.equal(p["lambda"], torch.zeros(Hv)) and not p["d"].any()
+
+
+@torch.no_grad()
+def test_cache_shorthand_and_hook_names_on_a_hybrid_model():
+    """Hook points are what hook_name builds over the linear-attention layers [0, 2, 3]; the
+    cache's shorthand reaches them, and layer 1 (softmax attention) has none."""
+    model = adapt(tiny_hf("qwen3_5"))
+    expected = {hook_name(n, l, "linear_attn") for l in (0, 2, 3) for n in MIXER_HOOKS}
+    assert set(model.hook_dict) == expected
+    _, cache = model.run_with_cache(hf_ids(t=8))
+    assert isinstance(cache, HFActivationCache)
+    full = lambda n, l: cache.cache_dict[f"blocks.{l}.linear_attn.hook_{n}"]  # noqa: E731
+    assert cache["e", 0] is full("e", 0) and cache["q", 2] is full("q", 2) and cache["o", 3] is full("o", 3)
+    assert cache["sd", 2] is full("Sd", 2) and cache["lambda", 3, "linear_attn"] is full("lambda", 3)
+    assert cache["e", -1] is full("e", 3) and cache["blocks.0.linear_attn.hook_rho"] is full("rho", 0)
+    assert torch.equal(cache.stack_activation("e"), torch.stack([full("e", l) for l in (0, 2, 3)]))
+    assert torch.equal(cache.stack_activation("rho", layer=3), torch.stack([full("rho", 0), full("rho", 2)]))
+    with pytest.raises(KeyError, match=r"no cached activation 'blocks.1.linear_attn.hook_e'.*'linear_attn.hook_e'"):
+        cache["e", 1]
+    for helper in ("decompose_resid", "accumulated_resid", "logit_attrs", "stack_head_results"):
+        with pytest.raises(ValueError, match=f"ActivationCache.{helper}: .*output_hidden_states"):
+            getattr(cache, helper)()
 
 
 @torch.no_grad()

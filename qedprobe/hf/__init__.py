@@ -6,7 +6,8 @@ inside their recurrence: Qwen3.5 (dense and MoE), Qwen3-Next, OLMo-Hybrid.
     inject_qed(model, 0.1, arm="full")               # training-free QED; strength() then scales it
 
 See :mod:`.model` (the adapted model), :mod:`.route` (how the recurrence is reached),
-:mod:`.recurrence` (hooks and shapes), :mod:`.inject` (the QED term), :mod:`.families`.
+:mod:`.recurrence` (hooks and shapes), :mod:`.cache` (``run_with_cache``'s cache),
+:mod:`.inject` (the QED term), :mod:`.families`.
 Needs ``transformers`` (5.x); nothing is downloaded.
 """
 from .families import SUPPORTED, HFQEDConfig, UnsupportedModelError

@@ -3,7 +3,7 @@ recurrences run through qedprobe, hooked like a ``QEDModel``.
 
     model = adapt(AutoModelForCausalLM.from_pretrained(folder))   # or adapt(folder)
     logits = model(ids)                                  # [B, T, vocab], a prefill pass
-    logits, cache = model.run_with_cache(ids)            # cache["blocks.0.linear_attn.hook_e"]
+    logits, cache = model.run_with_cache(ids)            # cache["e", 0] is cache["blocks.0.linear_attn.hook_e"]
     new = model.generate([[...], [...]], 16, return_type="new_tokens")   # as QEDModel.generate
 
 The transformers model is ``model.hf_model`` (the same object: no weight is copied). Its
@@ -29,6 +29,7 @@ from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, as_output, checked_g
 from qedprobe.model.hooked import HookedModel
 
 from . import route
+from .cache import HFActivationCache
 from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeling_module_name
 from .recurrence import LinearAttnRecurrence
 
@@ -58,6 +59,7 @@ class HFQEDModel(HookedModel):
     """
 
     mixer_name = "linear_attn"
+    cache_class = HFActivationCache  # run_with_cache's cache: cache["e", l], stack_activation("e")
 
     def __init__(self, hf_model: nn.Module, *, op_mode: str = "auto"):
         super().__init__()
