@@ -86,10 +86,22 @@ def test_key_words_index_like_the_sorted_set():
         kw[len(kw)]
 
 
+def _rulers_word_list(name):
+    """What RULER's ``wonderwords.random_word._get_words_from_text_file(name)`` returns: the
+    wonderwords asset file's lines, right-stripped."""
+    from importlib.resources import files
+    return [line.rstrip() for line in files("wonderwords.assets").joinpath(name).read_text().splitlines(True)]
+
+
+def test_key_word_lists_are_the_ones_ruler_reads():
+    adjs, nouns = _rulers_word_list("adjectivelist.txt"), _rulers_word_list("nounlist.txt")
+    assert len(adjs) > len(set(adjs)) > 900 and len(nouns) > 6000  # the adjective file repeats two words
+    assert ruler.wonderwords_lists() == (sorted(set(adjs)), sorted(set(nouns)))
+
+
 def test_key_words_on_wonderwords_lists():
-    from wonderwords import random_word
-    nouns = random_word._get_words_from_text_file("nounlist.txt")
-    adjs = random_word._get_words_from_text_file("adjectivelist.txt")
+    nouns = _rulers_word_list("nounlist.txt")
+    adjs = _rulers_word_list("adjectivelist.txt")
     roots = {a.split("-")[0] for a in adjs if "-" in a}
     pick = sorted({a for a in adjs if "-" in a or a in roots} | set(random.Random(0).sample(adjs, 40)))
     words = sorted({f"{a}-{n}" for a in pick for n in nouns})

@@ -168,13 +168,19 @@ class KeyWords:
         return block + self._nouns[j] if isinstance(block, str) else block[j]
 
 
+def wonderwords_lists() -> tuple[list[str], list[str]]:
+    """``(adjectives, nouns)``: the installed wonderwords' default word lists, each sorted and
+    without duplicates, through its public ``RandomWord.filter``. RULER reads the same two files
+    line by line; :class:`KeyWords` sorts and deduplicates them, so the keys are RULER's."""
+    from wonderwords import Defaults, RandomWord
+    words = RandomWord(enhanced_prefixes=False, adjective=Defaults.ADJECTIVES, noun=Defaults.NOUNS)
+    return words.filter(include_categories=["adjective"]), words.filter(include_categories=["noun"])
+
+
 @functools.lru_cache(maxsize=1)
 def wonderwords_keys() -> KeyWords:
-    """RULER's key words from the installed wonderwords' noun and adjective lists."""
-    from wonderwords import random_word
-    nouns = random_word._get_words_from_text_file("nounlist.txt")  # what RULER calls
-    adjectives = random_word._get_words_from_text_file("adjectivelist.txt")
-    return KeyWords(adjectives, nouns)
+    """RULER's key words: adjective-noun pairs of :func:`wonderwords_lists`."""
+    return KeyWords(*wonderwords_lists())
 
 
 # --------------------------------------------------------------------------------- essays
