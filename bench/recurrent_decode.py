@@ -17,8 +17,7 @@ import time
 import torch
 from triton.testing import do_bench
 
-from qedprobe.kernels.qed import fused_recurrent
-from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
+from qedprobe.kernels.qed.fused_recurrent import default_block_config, qed_recurrent
 from qedprobe.kernels.qed.naive import qed_naive
 
 GRAPH_CALLS = 20
@@ -61,14 +60,18 @@ def _times(fn):
     return bench_us, graph_us, min(host)
 
 
-def bench_recurrent(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Microseconds per call of ``T`` tokens (``initial_state`` in, final state out, qk L2-norm in kernel)."""
+def bench_recurrent(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16,
+                    block_config: tuple[int, int] | None = None) -> dict:
+    """Microseconds per call of ``T`` tokens (``initial_state`` in, final state out, qk L2-norm in
+    kernel), with ``qed_recurrent``'s launch ``block_config`` ``(BV, num_warps)`` (None: its default)."""
     x = _inputs(B, T, H, K, V, dtype)
     args = [x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")]
     kw = dict(arm="full", initial_state=x["h0"], output_final_state=True)
+    config = block_config or default_block_config(K, V, torch.float32)  # the state is float32
     res = {"B": B, "T": T, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""),
-           "block_config": fused_recurrent._block_config(K, V, torch.float32)}
+           "block_config": config}
     ref = qed_naive(*[a.double() for a in args], **{**kw, "initial_state": x["h0"].double()})[0]
+    kw["block_config"] = config
     o = qed_recurrent(*args, **kw)[0]
     res["rel_err_o"] = ((o.double() - ref).norm() / ref.norm()).item()
     for name, probes in (("qed", False), ("qed_probes", True)):
@@ -87,9 +90,10 @@ def bench_recurrent(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype =
     return res
 
 
-def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bfloat16,
+                 block_config: tuple[int, int] | None = None) -> dict:
     """One decode step (T=1) with a carried state: see :func:`bench_recurrent`."""
-    return bench_recurrent(B, 1, H, K, V, dtype)
+    return bench_recurrent(B, 1, H, K, V, dtype, block_config)
 
 
 def main() -> int:
@@ -100,11 +104,8 @@ def main() -> int:
             bench_decode(1, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16),
             bench_recurrent(2, 1024, 16, 128, 128, torch.bfloat16)]
     # Sweep the launch configuration (BV, num_warps) on the benchmark shape and at B=64.
-    default = fused_recurrent._block_config
     for cfg in [(16, 4), (32, 8), (64, 8)]:
-        fused_recurrent._block_config = lambda K, V, dtype, c=cfg: c
-        rows += [bench_decode(16, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16)]
-    fused_recurrent._block_config = default
+        rows += [bench_decode(16, 16, 128, 128, torch.bfloat16, cfg), bench_decode(64, 16, 128, 128, torch.bfloat16, cfg)]
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "recurrent_decode.json"), "w") as f:

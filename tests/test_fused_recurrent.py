@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 
-from qedprobe.kernels.qed.fused_recurrent import qed_recurrent
+from qedprobe.kernels.qed.fused_recurrent import default_block_config, qed_recurrent
 from qedprobe.ops import ARMS, qed_naive
 
 from helpers import (DEVICE, F64, assert_close, assert_outputs_close, expanded_naive, grouped_inputs, make_inputs,
@@ -174,6 +174,19 @@ def test_low_precision_against_float64(dtype, bound):
     assert_close("state", s, rs, 1e-5)
     for name in p:
         assert_close(name, p[name], rp[name], 1e-5)
+
+
+def test_block_config_sets_the_launch_and_keeps_the_result():
+    """V = 24 as three value slices of 8, or one slice of 32 with 8 masked lanes."""
+    x = recurrent_inputs(T=5, seed=3)
+    kw = dict(initial_state=random_state(2, 2, 24, 24, 4), output_final_state=True, return_probes=True)
+    ref = qed_naive(*op_args(x), **kw)
+    assert default_block_config(24, 24, F64) == (16, 4) and default_block_config(128, 128, torch.float32) == (32, 4)
+    for config in ((8, 2), (32, 1)):
+        assert_outputs_close(qed_recurrent(*op_args(x), **kw, block_config=config), ref, **TIGHT)
+    for bad in ((12, 4), (64, 4), (16, 3), [16, 4], (16,)):
+        with pytest.raises(ValueError, match=r"`block_config` must be a tuple \(BV, num_warps\)"):
+            qed_recurrent(*op_args(x), block_config=bad)
 
 
 def test_bad_input_is_refused_by_name():

@@ -169,15 +169,34 @@ def qed_recurrent_kernel(
         tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
 
-def _block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
+def default_block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
     """``(BV, num_warps)``: the value-slice width each program holds, and its warps (by rule from
     ``K``, ``V`` and the state dtype; docs/BENCHMARKS.md has the decode measurements behind it)."""
     BV = min(triton.next_power_of_2(V), 32 if dtype == torch.float32 else 16)
     return BV, 4 if triton.next_power_of_2(K) * BV <= 4096 else 8
 
 
+WARPS = (1, 2, 4, 8, 16, 32)
+
+
+def checked_block_config(block_config, V: int) -> tuple[int, int]:
+    """``block_config`` as ``(BV, num_warps)``, refused by name unless ``BV`` is a power of two in
+    ``[1, next_power_of_2(V)]`` (a wider slice would only hold masked lanes) and ``num_warps``
+    one of :data:`WARPS`."""
+    ok = isinstance(block_config, tuple) and len(block_config) == 2 and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in block_config)
+    if ok:
+        BV, warps = block_config
+        ok = 1 <= BV <= triton.next_power_of_2(V) and BV & (BV - 1) == 0 and warps in WARPS
+    if not ok:
+        raise ValueError(f"qed_recurrent: `block_config` must be a tuple (BV, num_warps) with BV a power of "
+                         f"two in [1, {triton.next_power_of_2(V)}] and num_warps in {WARPS}, got {block_config!r}")
+    return block_config
+
+
 def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, output_final_state: bool,
-                  return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem) -> tuple:
+                  return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem,
+                  block_config: tuple[int, int]) -> tuple:
     """Launch :func:`qed_recurrent_kernel` on contiguous inputs: ``(o, final_state, probes)``."""
     P = problem
     B, T, HV, K, V, ct = P.B, P.T, P.HV, P.K, P.V, P.compute_dtype
@@ -187,7 +206,7 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
     if return_probes:
         probes = {"rho": q.new_empty(B, T, HV, dtype=ct), "d": q.new_empty(B, T, HV, K, dtype=ct),
                   "Sd": q.new_empty(B, T, HV, V, dtype=ct), "e": q.new_empty(B, T, HV, dtype=ct)}
-    BV, num_warps = _block_config(K, V, ct)
+    BV, num_warps = block_config
     qed_recurrent_kernel[(P.N * HV, triton.cdiv(V, BV))](
         q=q, k=k, v=v, g=g, b=b, w=w, lam=lam, z=z, d=d, o=o, h0=initial_state, ht=final_state,
         cu_seqlens=cu_seqlens,
@@ -202,18 +221,24 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
 
 @on_input_device
 def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
-                  output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
+                  output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None,
+                  block_config=None):
     """Token-by-token QED forward in one Triton launch (forward only, no gradients).
 
     Arguments, returns, dtypes and probes exactly as :func:`qedprobe.kernels.qed.naive.qed_naive`
     (grouped value heads included); ``K`` and ``V`` at most 256. Non-contiguous inputs are
-    copied to contiguous ones first.
+    copied to contiguous ones first. ``block_config`` ``(BV, num_warps)`` sets the launch (each
+    program's value-slice width and its warps; the results are the same up to the rounding
+    order of its reductions); None is
+    :func:`default_block_config`. It is a tuning knob for benchmarks (``bench/recurrent_decode.py``).
     """
     P = check_qed_inputs("qed_recurrent", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
     if P.K > MAX_HEAD_DIM or P.V > MAX_HEAD_DIM:
         raise ValueError(f"qed_recurrent: K and V must be at most {MAX_HEAD_DIM}, got K={P.K}, V={P.V}")
+    launch = default_block_config(P.K, P.V, P.compute_dtype) if block_config is None \
+        else checked_block_config(block_config, P.V)
     contiguous = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return recurrent_fwd(*(x.contiguous() for x in (q, k, v, g, b, w, lam)), contiguous(z), contiguous(d),
                          P.scale, contiguous(initial_state), output_final_state, return_probes, use_qk_l2norm,
-                         None if cu_seqlens is None else cu_seqlens.to(q.device), arm, P)
+                         None if cu_seqlens is None else cu_seqlens.to(q.device), arm, P, launch)
