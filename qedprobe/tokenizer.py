@@ -7,6 +7,9 @@ Every tokenizer here has the same small interface::
     tok.bos_id, tok.eos_id, tok.pad_id # int or None
     tok.vocab_size                     # ids are in range(vocab_size)
     tok.name                           # "bytes" or the folder path
+    tok.chat_template                  # the folder's chat template (a Jinja string) or None
+
+:func:`chat_prompt` puts a text into a tokenizer's own chat template.
 
 :func:`load_tokenizer` turns ``"bytes"`` or a folder path into one. Nothing is ever
 downloaded: a Hugging Face folder is read with ``local_files_only=True``.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "load_tokenizer", "TokenizerError"]
+__all__ = ["ByteTokenizer", "HFTokenizer", "chat_prompt", "load_tokenizer", "TokenizerError"]
 
 
 class TokenizerError(ValueError):
@@ -38,6 +41,7 @@ class ByteTokenizer:
     bos_id = BOS
     eos_id = EOS
     pad_id = PAD
+    chat_template = None
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -96,6 +100,21 @@ class HFTokenizer:
             self.pad_id = next((vocab[s] for s in ("<pad>", "<|pad|>") if s in vocab), None)
             self._special = {i for i in (self.bos_id, self.eos_id, self.pad_id) if i is not None}
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template transformers read from the folder (``tokenizer_config.json`` or
+        ``chat_template.jinja``), or None (none there, or only a bare ``tokenizer.json`` read)."""
+        return None if self._hf is None else self._hf.chat_template
+
+    def chat(self, text: str) -> str:
+        """``text`` as one user message in this tokenizer's chat template, followed by the
+        template's opening of the assistant's turn (``apply_chat_template(...,
+        add_generation_prompt=True)``, as text; the template writes its own special tokens)."""
+        if self.chat_template is None:
+            raise _no_chat_template(self.name)
+        messages = [{"role": "user", "content": text}]
+        return self._hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
     def encode(self, text: str) -> list[int]:
         if self._hf is not None:
             return list(self._hf.encode(text, add_special_tokens=False))
@@ -109,6 +128,19 @@ class HFTokenizer:
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.name!r})"
+
+
+def _no_chat_template(name) -> TokenizerError:
+    return TokenizerError(f"tokenizer {name!r} has no chat template (a Hugging Face tokenizer folder "
+                          "defines one in tokenizer_config.json or chat_template.jinja)")
+
+
+def chat_prompt(tokenizer, text: str) -> str:
+    """``text`` in ``tokenizer``'s own chat template as the user's turn, the assistant's turn
+    opened (:meth:`HFTokenizer.chat`); a tokenizer without a template is refused by name."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise _no_chat_template(getattr(tokenizer, "name", type(tokenizer).__name__))
+    return tokenizer.chat(text)
 
 
 def load_tokenizer(spec="bytes"):

@@ -215,6 +215,32 @@ def hf_ids(n: int = 2, t: int = 24, seed: int = 1) -> torch.Tensor:
     return torch.randint(2, HF_VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
+# --- a tiny Hugging Face tokenizer folder --------------------------------------------------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A ChatML template (Qwen's layout) for :func:`save_bpe_tokenizer`."""
+
+
+def save_bpe_tokenizer(folder, texts, *, chat_template: str | None = None, bos: bool = False) -> None:
+    """A byte-level BPE tokenizer (300 ids, trained on ``texts`` with the ``tokenizers`` library,
+    nothing downloaded) saved in ``folder`` by transformers' ``save_pretrained``: EOS
+    ``<|endoftext|>`` (also the BOS with ``bos``), the ChatML tokens, and ``chat_template``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    chatml = ["<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", *chatml],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(texts), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>" if bos else None, additional_special_tokens=chatml)
+    fast.chat_template = chat_template
+    fast.save_pretrained(folder)
+
+
 # --- an independent oracle --------------------------------------------------------------------
 
 def _unit(x):

@@ -216,3 +216,47 @@ def test_cli_notes_a_format_other_than_the_models(tmp_path, capsys):
     assert "trained on the legacy format, this sweep uses --format ruler" in err and "--layers" in err
     assert commands.main([*argv, "--format", "legacy", "--lengths", "400"]) == 2
     assert "trained on" not in capsys.readouterr().err
+
+
+# --- the tokenizer's chat template (off by default) -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    """``(with a ChatML template, without one)``: local BPE tokenizer folders, both with a BOS."""
+    from helpers import CHAT_TEMPLATE, save_bpe_tokenizer
+    texts = [ruler.NOISE, "One of the special magic numbers for the key is: 1234567."]
+    chat, plain = tmp_path_factory.mktemp("chat_tok"), tmp_path_factory.mktemp("plain_tok")
+    save_bpe_tokenizer(chat, texts, chat_template=CHAT_TEMPLATE, bos=True)
+    save_bpe_tokenizer(plain, texts, bos=True)
+    return chat, plain
+
+
+def test_chat_template_wraps_the_task_text_and_counts_its_tokens(tokenizers):
+    from transformers import AutoTokenizer
+    folder = tokenizers[0]
+    hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    raw, chat = make_task("niah_single_1", folder), make_task("niah_single_1", folder, chat_template=True)
+    length = chat.min_length() + 120
+    r, c = raw.sample(length, 1, samples=2), chat.sample(length, 1, samples=2)
+    assert "<|im_start|>" not in r.prompt and r.input_ids[0] == hf.bos_token_id  # default: RULER's raw prompt
+    head, user_end = "<|im_start|>user\n", c.prompt.index("<|im_end|>")
+    user, prefix = c.prompt[len(head):user_end], f" The special magic number for {c.key} mentioned in the provided text is"
+    assert user.startswith("A special magic number is hidden within") and user.endswith("mentioned in the provided text?")
+    assert f"for {c.key} is: {c.answer}." in user
+    messages = [{"role": "user", "content": user}]
+    assert c.prompt == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefix
+    template_ids = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert c.input_ids == template_ids + hf.encode(prefix, add_special_tokens=False)  # no BOS of ours
+    assert c.input_ids[0] == hf.convert_tokens_to_ids("<|im_start|>")
+    assert c.counted_tokens == len(c.input_ids) + 128 <= length  # the template's tokens count
+    assert "chat_template_sha256" in chat.describe() and "chat_template_sha256" not in raw.describe()
+
+
+def test_chat_template_is_refused_without_one(tokenizers):
+    for tok in ("bytes", tokenizers[1]):
+        with pytest.raises(ValueError, match=r"`chat_template`: tokenizer .* has no chat template"):
+            make_task("niah_single_2", tok, chat_template=True)
+    with pytest.raises(ValueError, match="`chat_template` applies to the ruler format"):
+        make_task("s-niah-1", tokenizers[0], format="legacy", chat_template=True)
+    with pytest.raises(ValueError, match="`chat_template` must be True or False"):
+        make_task("niah_single_1", tokenizers[0], chat_template="chatml")

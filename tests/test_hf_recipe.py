@@ -2,7 +2,7 @@
 
 The folder is a tiny random Qwen3.5 (the multimodal ``qwen3_5`` layout of the real checkpoints,
 with a one-block vision tower) written by ``save_pretrained``, plus a byte-level BPE tokenizer
-trained here with the ``tokenizers`` library; nothing is downloaded.
+with a ChatML chat template, trained here with the ``tokenizers`` library; nothing is downloaded.
 """
 import json
 import re
@@ -16,23 +16,16 @@ pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 from qedprobe.cli import main
 from qedprobe.eval.tasks import NOISE_TEXT, NIAHTask
 
-from helpers import HF_COMMON, one_thread
+from helpers import CHAT_TEMPLATE, HF_COMMON, one_thread, save_bpe_tokenizer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PLACEHOLDER = "path/to/Qwen3.5-0.8B"
 
 
 def _tokenizer(folder: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([NOISE_TEXT, "One of the special magic numbers for the key is: 1234567.",
-                             "What is the special magic number mentioned in the provided text?"], trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(folder)
+    save_bpe_tokenizer(folder, [NOISE_TEXT, "One of the special magic numbers for the key is: 1234567.",
+                                "What is the special magic number mentioned in the provided text?"],
+                       chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +94,36 @@ def test_cli_sweep_and_eig_on_a_transformers_folder(qwen_folder, tmp_path, capsy
     assert [row["layer"] for row in summary["layers"]] == [0, 2, 3]
     assert summary["meta"]["arm"] == "full" and summary["e_recompute_maxdiff"] < 1e-5
     assert all(h["n"] == summary["tokens"] > 0 for row in summary["layers"] for h in row["heads"])
+
+
+def test_cli_chat_template_on_a_transformers_folder(qwen_folder, tmp_path, capsys):
+    """--chat-template feeds RULER's prompt in the folder's own template; off by default; refused
+    where it cannot apply."""
+    from qedprobe.eval.tasks import make_task
+    chat = make_task("niah_single_1", str(qwen_folder), chat_template=True)
+    L = chat.min_length() + 16
+    out = tmp_path / "chat"
+    base = ["sweep", "--model", str(qwen_folder), "--task", "niah_single_1", "--lengths", str(L), "--samples", "1",
+            "--strengths", "1", "--no-progress", "--batch-size", "1"]
+    args = base + ["--out", str(out)]
+    assert main(args + ["--chat-template"]) == 0
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    sample = chat.sample(L, 0, samples=1, seed=0)
+    assert sample.prompt.startswith("<|im_start|>user\n") and row["prompt_sha"] == sample.sha
+    spec = json.loads((out / "config.json").read_text())["samples_spec"]
+    assert spec["chat_template_sha256"] == chat.describe()["chat_template_sha256"]
+    capsys.readouterr()
+    assert main(args) == 2  # the same folder without the template: other prompts, refused
+    assert "samples_spec" in capsys.readouterr().err
+    for extra, message in ((["--tokenizer", "bytes"], "--chat-template: tokenizer 'bytes' has no chat template"),
+                           (["--format", "legacy"], "--chat-template applies to --format ruler")):
+        assert main([*base, "--out", str(tmp_path / "bad"), *extra, "--chat-template"]) == 2
+        assert message in capsys.readouterr().err
+    text = tmp_path / "text.txt"
+    text.write_text(NOISE_TEXT * 4)
+    assert main(["eig", "--model", str(qwen_folder), "--text", str(text), "--length", "64", "--chat-template",
+                 "--out", str(tmp_path / "eig"), "--no-progress"]) == 2
+    assert "--chat-template applies to task prompts (--task), not to --text" in capsys.readouterr().err
+    assert main(["eig", "--model", str(qwen_folder), "--task", "niah_single_1", "--length", str(L), "--samples", "1",
+                 "--chat-template", "--out", str(tmp_path / "eig"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "eig" / "eig.json").read_text())["meta"]["chat_template"] is True

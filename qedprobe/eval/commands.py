@@ -54,6 +54,9 @@ def _common_model_args(p):
     p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
                    help="task format: ruler (NVIDIA RULER's NIAH prompts, budget and score; default) or "
                         "legacy (the format the shipped checkpoints were trained on)")
+    p.add_argument("--chat-template", action="store_true",
+                   help="ruler format: put each prompt in the tokenizer's own chat template as the user's "
+                        "turn, the assistant's turn opened, then RULER's answer prefix (default: raw prompts)")
 
 
 def register(subparsers) -> None:
@@ -133,7 +136,8 @@ def parse_length(text):
 
 
 _TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
-               "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack"}
+               "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
+               "chat_template": "--chat-template"}
 FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
                    "strengths": "--strengths"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
          "report": {"baseline": "--baseline", "labels": "--labels", "s": "--s"}}
@@ -172,6 +176,17 @@ def tokenizer_spec(args) -> str:
         return args.tokenizer
     own = _is_transformers(args) or (Path(args.model) / "tokenizer.json").is_file()
     return args.model if own else "bytes"
+
+
+def _check_chat_template(args) -> None:
+    """``--chat-template`` wraps task prompts of the ruler format: refused with ``--format
+    legacy`` and with ``eig --text``."""
+    if not args.chat_template:
+        return
+    if args.format != "ruler":
+        raise SweepError(f"--chat-template applies to --format ruler, got --format {args.format}")
+    if getattr(args, "text", None) is not None:
+        raise SweepError("--chat-template applies to task prompts (--task), not to --text")
 
 
 def _rank_device_dtype(args):
@@ -236,13 +251,15 @@ def run_sweep_cmd(args) -> int:
         if args.control is not None and (args.task != "mk-niah" or args.format != "legacy"):
             raise SweepError(f"--control {args.control} needs --format legacy --task mk-niah, "
                              f"got --format {args.format} --task {args.task}")
+        _check_chat_template(args)
         try:
             task_kw = dict(haystack_file=args.haystack_file, num_needles=args.num_needles,
                            max_new_tokens=args.max_new_tokens, haystack=args.haystack)
             if args.control:
                 nt = ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
             else:
-                nt = make_task(args.task, tokenizer_spec(args), format=args.format, **task_kw)
+                nt = make_task(args.task, tokenizer_spec(args), format=args.format,
+                               chat_template=args.chat_template, **task_kw)
         except (TokenizerError, OSError, ValueError) as exc:
             raise SweepError(str(exc)) from None
         validate_grid(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation)
@@ -328,6 +345,7 @@ def run_eig_cmd(args) -> int:
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
         try:
+            _check_chat_template(args)
             tok = load_tokenizer(tokenizer_spec(args))
             if args.text is not None:
                 if not Path(args.text).is_file():
@@ -335,7 +353,7 @@ def run_eig_cmd(args) -> int:
                 batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
                                        batch_size=args.batch_size, shard=shard)
             else:
-                nt = make_task(args.task or "s-niah-1", tok, format=args.format)
+                nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
                 if args.length < nt.min_length():
                     raise SweepError(f"--length {args.length} is too short for {nt.name} "
                                      f"(need >= {nt.min_length()})")
@@ -360,7 +378,8 @@ def run_eig_cmd(args) -> int:
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
                       total=total)
         acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
-                         "text": args.text, "length": args.length, "samples": args.samples})
+                         "chat_template": args.chat_template, "text": args.text, "length": args.length,
+                         "samples": args.samples})
         if not dist.is_main():
             return 0
         paths = acc.save(out)

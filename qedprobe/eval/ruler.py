@@ -19,6 +19,14 @@ module does:
   ``base`` model template: no chat wrapper). When one value is asked (``num_needle_q *
   num_needle_v == 1``, which includes ``niah_multikey_*``) RULER rewrites it to the singular by
   string replacement ("Some" -> "A", "are all"/"are" -> "is", "numbers" -> "number").
+* **Chat template** (``chat_template=True``, off by default): the task text becomes the user's
+  turn of the tokenizer's own chat template with the assistant's turn opened
+  (``apply_chat_template(..., add_generation_prompt=True)``), and the answer prefix follows it, as
+  RULER places the answer prefix after a chat model's template. The template's tokens count
+  against the length, as in RULER; no BOS is prepended (the template writes the special tokens
+  its model expects). RULER ships fixed template strings per model family and applies its
+  singular rewrite to the whole templated text; here the tokenizer's own template wraps the
+  already rewritten task text.
 * **Context**: ``noise`` repeats the whole five-sentence block, one block per line, each needle on
   a line of its own at a random line; ``needle`` is lines of distractor needles (random keys and
   values); ``essay`` is the first words of the essay text (cycled when short), split into
@@ -28,10 +36,11 @@ module does:
   or UUID4s from the same random stream.
 * **Length budget**: ``len(tokenizer.encode(prompt)) + 128 <= length``: RULER counts its 128
   generated tokens against the length and counts the prompt without special tokens; the BOS
-  token (when the tokenizer has one) is prepended to the model's input, as a Hugging Face
-  tokenizer does when RULER calls the model, and is not counted. The number of haystack units
-  comes from RULER's binary search at each length; a sample that does not fit is redrawn with
-  ``incremental`` fewer units (500 words for essays; 25 lines, or 5 below 4096 tokens, otherwise).
+  token (when the tokenizer has one, and no chat template is used) is prepended to the model's
+  input, as a Hugging Face tokenizer does when RULER calls the model, and is not counted. The
+  number of haystack units comes from RULER's binary search at each length; a sample that does
+  not fit is redrawn with ``incremental`` fewer units (500 words for essays; 25 lines, or 5 below
+  4096 tokens, otherwise).
 * **Random stream**: RULER seeds Python's ``random`` once (``--random_seed``, 42 in RULER's
   scripts) and draws everything from it in order: the estimate, the binary search, then sample 0,
   1, ...; so sample ``i`` at ``(length, seed)`` depends on the samples before it. This module
@@ -53,6 +62,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import importlib.metadata
 import json
 import random
@@ -61,7 +71,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from qedprobe.tokenizer import load_tokenizer
+from qedprobe.tokenizer import TokenizerError, chat_prompt, load_tokenizer
 
 from .tasks import Sample, answer_tokens, default_prose_path
 
@@ -271,16 +281,26 @@ class RulerTask:
         name: a key of :data:`RULER_TASKS`.
         tokenizer: ``"bytes"``, a local HF tokenizer folder, or a tokenizer object.
         haystack_file: the essay haystack (``essay`` tasks only; see :func:`read_essay`).
+        chat_template: wrap each prompt in the tokenizer's chat template (see the module
+            docstring); a tokenizer without one is refused.
     """
 
     format = "ruler"
     max_new_tokens = TOKENS_TO_GENERATE
 
-    def __init__(self, name, tokenizer="bytes", *, haystack_file=None):
+    def __init__(self, name, tokenizer="bytes", *, haystack_file=None, chat_template: bool = False):
         if name not in RULER_TASKS:
             raise ValueError(f"unknown RULER task {name!r}; choose one of {', '.join(RULER_TASKS)}")
+        if not isinstance(chat_template, bool):
+            raise ValueError(f"`chat_template` must be True or False, got {chat_template!r}")
         self.name, self.spec = name, RULER_TASKS[name]
         self.tokenizer = load_tokenizer(tokenizer)
+        if chat_template:
+            try:
+                chat_prompt(self.tokenizer, "")
+            except TokenizerError as exc:
+                raise ValueError(f"`chat_template`: {exc}") from None
+        self.chat_template = chat_template
         if haystack_file is not None and self.spec.haystack != "essay":
             raise ValueError(f"task {name} uses the {self.spec.haystack} haystack: a haystack file "
                              "applies to the essay tasks only")
@@ -292,10 +312,13 @@ class RulerTask:
 
     def describe(self) -> dict:
         """What defines the samples (a sweep's ``samples_spec``)."""
-        return {"format": self.format, "task": self.name, "tokenizer": self.tokenizer.name,
+        spec = {"format": self.format, "task": self.name, "tokenizer": self.tokenizer.name,
                 "haystack": self.spec.haystack, "haystack_file": self.haystack_file,
                 "max_new_tokens": self.max_new_tokens, "ruler_commit": RULER_COMMIT,
                 "wonderwords": importlib.metadata.version("wonderwords")}
+        if self.chat_template:  # absent when off: folders written before the option still resume
+            spec["chat_template_sha256"] = hashlib.sha256(self.tokenizer.chat_template.encode()).hexdigest()
+        return spec
 
     # ------------------------------------------------------------------------ one prompt
     def _random(self, rng, kind):
@@ -323,14 +346,17 @@ class RulerTask:
         asked = rng.sample(range(num_k), spec.num_needle_q)
         queries = [keys[i] for i in asked]
         query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
-        template, type_v = TEMPLATE + ANSWER_PREFIX, spec.type_needle_v
+        template, prefix, type_v = TEMPLATE, ANSWER_PREFIX, spec.type_needle_v
         if spec.num_needle_q * spec.num_needle_v == 1:
             for old, new in _SINGULAR:
-                template = template.replace(old, new)
+                template, prefix = template.replace(old, new), prefix.replace(old, new)
             type_v = type_v[:-1]
+        task_text = template.format(type_needle_v=type_v, context=context, query=query)
+        if self.chat_template:
+            task_text = chat_prompt(self.tokenizer, task_text)
         rank = {k: r for r, k in enumerate(asked)}
         order = sorted(range(len(needles)), key=lambda j: rank.get(needles[j][0], len(asked)))
-        return _Drawn(text=template.format(type_needle_v=type_v, context=context, query=query),
+        return _Drawn(text=task_text + prefix.format(type_needle_v=type_v, query=query),
                       answers=[a for i in asked for a in values[i]], query=query,
                       needles=[[keys[needles[j][0]], needles[j][1], depths[j]] for j in order],
                       units=units)
@@ -388,7 +414,7 @@ class RulerTask:
         if not 0 <= i < samples:
             raise ValueError(f"sample id {i} outside 0..{samples - 1}")
         d = self._stream(length, seed).draw(i)
-        bos = [] if self.tokenizer.bos_id is None else [self.tokenizer.bos_id]
+        bos = [] if self.tokenizer.bos_id is None or self.chat_template else [self.tokenizer.bos_id]
         ids = bos + self.tokenizer.encode(d.text)
         return Sample(task=self.name, length=length, sample_id=i, seed=int(seed), prompt=d.text,
                       input_ids=ids, answer=d.answers[0], key=d.query, depth=d.needles[0][2],

@@ -135,7 +135,8 @@ def prompt_sha(input_ids) -> str:
 
 @dataclass
 class Sample:
-    """One generated prompt. ``input_ids`` include the BOS token (if the tokenizer has one).
+    """One generated prompt. ``input_ids`` include the BOS token (if the tokenizer has one; a
+    RULER prompt in a chat template has the template's own special tokens instead).
 
     ``answers``: every value the prompt asks for (one, or several for RULER's multi-value and
     multi-query tasks); ``answer`` is the first. ``counted_tokens``: the tokens the format counts
@@ -403,18 +404,24 @@ def _check_format(format):
         raise ValueError(f"unknown task format {format!r}; choose one of {', '.join(FORMATS)}")
 
 
-def make_task(name, tokenizer="bytes", *, format=DEFAULT_FORMAT, haystack_file=None, **legacy):
+def make_task(name, tokenizer="bytes", *, format=DEFAULT_FORMAT, haystack_file=None, chat_template=False,
+              **legacy):
     """A task generator of ``format``: :class:`qedprobe.eval.ruler.RulerTask` or :class:`NIAHTask`.
 
-    ``haystack_file`` applies to both (RULER's essay haystack; the legacy prose haystack); the
-    keywords ``num_needles``, ``haystack`` and ``max_new_tokens`` are legacy options (RULER fixes
-    them per task) and must be None in the ``ruler`` format."""
+    ``haystack_file`` applies to both (RULER's essay haystack; the legacy prose haystack);
+    ``chat_template`` (wrap the prompts in the tokenizer's chat template) to the ``ruler`` format
+    only; the keywords ``num_needles``, ``haystack`` and ``max_new_tokens`` are legacy options
+    (RULER fixes them per task) and must be None in the ``ruler`` format."""
     _check_format(format)
     if format == "legacy":
+        if chat_template:
+            raise ValueError("`chat_template` applies to the ruler format (the legacy format has no chat "
+                             "prompts: its models were trained on the raw text)")
         return NIAHTask(name, tokenizer, haystack_file=haystack_file, **legacy)
     given = sorted(k for k, v in legacy.items() if v is not None)
     if given:
         raise ValueError(f"{', '.join(given)}: legacy-format options (--format legacy); "
                          "RULER's tasks fix them")
     from .ruler import RulerTask
-    return RulerTask(RULER_ALIASES.get(name, name), tokenizer, haystack_file=haystack_file)
+    return RulerTask(RULER_ALIASES.get(name, name), tokenizer, haystack_file=haystack_file,
+                     chat_template=chat_template)
