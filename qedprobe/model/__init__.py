@@ -1,8 +1,9 @@
 """The hooked QED language model: config, model, strength, generation, checkpoints."""
 from .config import QEDConfig
+from .fast import fast_path
 from .hooked import hook_name
 from .mixer import MixerState, QEDMixer
 from .model import QEDModel
 from .strength import strength
 
-__all__ = ["MixerState", "QEDConfig", "QEDMixer", "QEDModel", "hook_name", "strength"]
+__all__ = ["MixerState", "QEDConfig", "QEDMixer", "QEDModel", "fast_path", "hook_name", "strength"]

@@ -14,7 +14,9 @@ bit; it only removes the Python and launch cost (~1000 launches per 24-layer ste
 The graph is used only where it is exact and safe: CUDA tensors, no hook attached anywhere in
 the model, ``op_mode`` ``"auto"`` or ``"recurrent"``, value checks off (they synchronise). A
 model keeps its last :data:`CACHE_SIZE` graphs, keyed by batch size, strength presence, dtype,
-inference mode and the addresses of its parameters (moving or replacing them recaptures).
+inference mode, the addresses of its parameters (moving or replacing them recaptures) and, inside
+a ``fast_path`` block, the fast path's backend and stacked weights (:func:`.fast.fast_path_key`:
+a graph of one path is never replayed for the other).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import torch
 
 from qedprobe.kernels.qed.inputs import value_checks_enabled
 
+from .fast import fast_path_key
+from .hooked import hooks_attached
 from .mixer import MixerState
 
 CACHE_SIZE = 2
@@ -32,11 +36,6 @@ CACHE_SIZE = 2
 STOP_CHECK_EVERY = 4
 """Graph steps between two reads of generate's "has every prompt emitted EOS?" (a read
 synchronises; an eager step is read after every step)."""
-
-
-def hooks_attached(model) -> bool:
-    """Whether any hook point of ``model`` has a hook (forward or backward)."""
-    return any(hp.has_hooks() for hp in model.hook_dict.values())
 
 
 def graph_usable(model) -> bool:
@@ -108,7 +107,7 @@ class _GraphStep:
 def _key(model, states, scales) -> tuple:
     tensors = list(model.parameters()) + list(model.buffers())
     return (len(states[0].recurrent), scales is None, states[0].recurrent.dtype, torch.is_inference_mode_enabled(),
-            tuple(t.data_ptr() for t in tensors))
+            tuple(t.data_ptr() for t in tensors), fast_path_key(model))
 
 
 def decode_step(model, states: list[MixerState], scales: torch.Tensor | None, *, cuda_graph: bool = True):

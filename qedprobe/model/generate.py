@@ -28,7 +28,8 @@ import math
 
 import torch
 
-from .decode_step import decode_step, hooks_attached
+from .decode_step import decode_step
+from .hooked import hooks_attached
 from .mixer import MixerState
 from .packing import pack_prompts
 

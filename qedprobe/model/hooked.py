@@ -47,6 +47,11 @@ def hook_name(name: str, layer: int | None = None, mixer_name: str = "attn") -> 
     return f"blocks.{layer}.hook_{name}" if name in BLOCK_HOOKS else f"blocks.{layer}.{mixer_name}.hook_{name}"
 
 
+def hooks_attached(model) -> bool:
+    """Whether any hook point of ``model`` has a hook (forward or backward)."""
+    return any(hp.has_hooks() for hp in model.hook_dict.values())
+
+
 class HookedModel(HookedRootModule):
     """``HookedRootModule`` whose ``run_with_cache`` returns a ``cache_class`` (TransformerLens'
     ``ActivationCache``, or a model's subclass of it) by default."""

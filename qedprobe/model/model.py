@@ -37,6 +37,7 @@ from transformer_lens.hook_points import HookPoint
 from . import checkpoint, generate as generation
 from .cache import QEDActivationCache
 from .config import QEDConfig
+from .fast import active_fast_path, fast_block_runner
 from .hooked import HookedModel
 from .layers import RMSNorm, ShortConvolution, SwiGLUMLP
 from .mixer import MixerState, QEDMixer
@@ -88,6 +89,7 @@ class QEDModel(HookedModel):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.strength_factors = []  # the active `strength` blocks (StrengthFactor), see strength.py
         self.decode_graphs = OrderedDict()  # captured decode steps, see decode_step.py
+        self.fast_path = None  # set inside a `fast_path` block (FastPath), see fast.py
         self.apply(self._init_module)
         self.setup()
 
@@ -163,16 +165,20 @@ class QEDModel(HookedModel):
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,
                    scales: torch.Tensor | None, want_state: bool, logit_positions=None):
         """:meth:`forward_with_state` on ids already checked, with the lambda factors ``scales``
-        ``[L, H]`` (device) given: no host synchronisation, so it can be captured in a CUDA graph."""
+        ``[L, H]`` (device) given: no host synchronisation, so it can be captured in a CUDA graph.
+        Inside a ``fast_path`` block the blocks run on the fast path where it applies (``fast.py``)."""
         if states is not None and len(states) != self.cfg.num_hidden_layers:
             raise ValueError(f"QEDModel: `states` must hold one MixerState per layer "
                              f"({self.cfg.num_hidden_layers}), got {len(states)}")
         x = self.hook_embed(self.embeddings(input_ids))
+        fp = active_fast_path(self, packed=cu_seqlens is not None, states=states)
+        run_block = QEDBlock.__call__ if fp is None else \
+            fast_block_runner(fp, cu_seqlens, x.shape[1], self.cfg.conv_size)
         new_states = []
         for l, block in enumerate(self.blocks):
-            x, state = block(x, lam_scale=None if scales is None else scales[l],
-                             state=None if states is None else states[l],
-                             cu_seqlens=cu_seqlens, want_state=want_state)
+            x, state = run_block(block, x, lam_scale=None if scales is None else scales[l],
+                                 state=None if states is None else states[l],
+                                 cu_seqlens=cu_seqlens, want_state=want_state)
             new_states.append(state)
         if logit_positions is not None:
             x = x[:, logit_positions]

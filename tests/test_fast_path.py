@@ -1,0 +1,189 @@
+"""The fast inference path (``qedprobe.model.fast``) against the plain path: the masked packed
+convolution, the fused regions uncompiled (float32: the same numbers), compiled by inductor
+(float32 to rounding, the same greedy tokens), where it is left for the plain path, and how
+often it compiles."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny
+from qedprobe.model import QEDModel, fast_path, strength
+from qedprobe.model.decode_step import decode_step
+from qedprobe.model.fast import TokenLayout, conv_silu, stacked_weights
+from qedprobe.model.layers import ShortConvolution
+from qedprobe.model.packing import pack_prompts
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled GPU path needs CUDA")
+PROMPTS = [[5, 17, 33, 2, 8, 61, 90], [44], [7, 7, 12], list(range(1, 40)), [3, 9]]
+CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "recall-full-s1"
+
+
+def passes(model, prompts, steps=3):
+    """The packed prefill's logits and states, then ``steps`` greedy decode steps' logits (eager
+    steps on CPU), under ``torch.inference_mode``."""
+    packed = pack_prompts(prompts, model.cfg.vocab_size, model.device)
+    with torch.inference_mode():
+        logits, states = model.run_blocks(packed.ids, states=None, cu_seqlens=packed.cu_seqlens, scales=None,
+                                          want_state=True, logit_positions=packed.last_positions)
+        step, out, tokens = decode_step(model, states, None), [logits[0]], logits[0].argmax(-1)
+        for _ in range(steps):
+            out.append(step(tokens).clone())
+            tokens = out[-1].argmax(-1)
+    return out, states
+
+
+def assert_states_close(a, b, **tol):
+    for sa, sb in zip(a, b, strict=True):
+        torch.testing.assert_close(sa.recurrent, sb.recurrent, **tol)
+        for ca, cb in zip(sa.conv, sb.conv, strict=True):
+            torch.testing.assert_close(ca, cb, **tol)
+
+
+class Graphs:
+    """A ``torch.compile`` backend that runs the captured graphs as they are and counts them."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, gm, example_inputs):
+        self.count += 1
+        return gm.forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_packed_convolution_equals_the_plain_one(dtype):
+    torch.manual_seed(0)
+    conv = ShortConvolution(16, 4, bias=True).to(dtype)
+    torch.nn.init.normal_(conv.bias)
+    cu = torch.tensor([0, 1, 3, 10, 23], dtype=torch.int32)  # sequences of 1, 2, 7 and 13 tokens
+    x = torch.randn(1, 23, 16, dtype=dtype)
+    y, tail = conv_silu(x, conv.weight, conv.bias, None, TokenLayout.packed(cu, 23, 4))
+    y_ref, tail_ref = conv(x, None, cu)
+    torch.testing.assert_close(y, y_ref, rtol=2.5e-7, atol=1e-7)  # CPU silu: SIMD body vs scalar tail
+    assert torch.equal(tail, tail_ref) and tail[0, :, :2].abs().sum() == 0  # 1 token: 2 zero slots
+    cache = torch.randn(3, 16, 3, dtype=dtype)
+    rows = torch.randn(3, 5, 16, dtype=dtype)
+    for got, want in zip(conv_silu(rows, conv.weight, conv.bias, cache, None), conv(rows, cache)):
+        torch.testing.assert_close(got, want, rtol=2.5e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("arm, s", [("full", 1.5), ("gdn2", 1.0), ("rand", -1.0)])
+def test_uncompiled_fast_path_computes_what_the_plain_path_does(arm, s):
+    model = tiny(arm, vocab_size=97)
+    with strength(model, s):
+        plain, plain_states = passes(model, PROMPTS)
+        tokens = model.generate(PROMPTS, 6)
+        with fast_path(model, backend=None):
+            fast, fast_states = passes(model, PROMPTS)
+            with torch.inference_mode():
+                assert model.generate(PROMPTS, 6) == tokens
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert_states_close(fast_states, plain_states, rtol=1e-6, atol=1e-6)
+
+
+def test_uncompiled_fast_path_runs_unpacked_rows_as_the_plain_path():
+    model = tiny(vocab_size=97)
+    ids = torch.randint(0, 97, (3, 21), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(ids)
+        with fast_path(model, backend=None):
+            fast = model(ids)
+    torch.testing.assert_close(fast, plain, rtol=1e-6, atol=1e-6)
+
+
+def test_inductor_fast_path_matches_the_plain_path_in_float32():
+    model = tiny(vocab_size=97)
+    plain, plain_states = passes(model, PROMPTS)
+    with fast_path(model):
+        fast, fast_states = passes(model, PROMPTS)
+        with torch.inference_mode():
+            tokens = model.generate(PROMPTS, 4)
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-5)
+    assert_states_close(fast_states, plain_states, rtol=1e-5, atol=1e-5)
+    assert tokens == model.generate(PROMPTS, 4)
+
+
+def test_compiles_once_per_layout_over_lengths_and_batch_sizes():
+    model = tiny(vocab_size=97)
+    graphs, gen = Graphs(), torch.Generator().manual_seed(0)
+    seen = []
+    for n, length in ((4, 30), (3, 50), (5, 20), (2, 64)):
+        prompts = [torch.randint(1, 97, (length + i,), generator=gen).tolist() for i in range(n)]
+        with fast_path(model, backend=graphs), torch.inference_mode():
+            assert model.generate(prompts, 5) == model.generate(prompts, 5, cuda_graph=False)
+        seen.append(graphs.count)
+    assert seen == [4, 4, 4, 4]  # pre and post region, each for the packed prefill and the decode step
+
+
+def test_hooks_grad_and_packed_states_take_the_plain_path():
+    model = tiny(vocab_size=97)
+    graphs, fired = Graphs(), []
+    packed = pack_prompts(PROMPTS, 97, model.device)
+    with fast_path(model, backend=graphs):
+        with model.hooks(fwd_hooks=[("blocks.1.attn.hook_v", lambda v, hook: fired.append(v.shape))]), \
+                torch.inference_mode():
+            model.generate(PROMPTS, 3)
+        assert graphs.count == 0 and len(fired) == len(set(map(len, PROMPTS))) + 2
+        model(torch.tensor([PROMPTS[0]]))  # grad mode on: plain
+        assert graphs.count == 0
+        with torch.inference_mode():
+            _, states = model.run_blocks(packed.ids, states=None, cu_seqlens=packed.cu_seqlens, scales=None,
+                                         want_state=True)
+            assert graphs.count == 2
+            model.run_blocks(packed.ids, states=states, cu_seqlens=packed.cu_seqlens, scales=None,
+                             want_state=True)  # continuing packed sequences: plain
+            assert graphs.count == 2
+    with pytest.raises(ValueError, match="`backend` must be"):
+        with fast_path(model, backend=3):
+            pass
+    with pytest.raises(ValueError, match="has no fast path"):
+        with fast_path(torch.nn.Linear(2, 2)):
+            pass
+
+
+def test_stacked_weights_follow_in_place_edits():
+    model = tiny(vocab_size=97)
+    first = stacked_weights(model.blocks[0])
+    assert stacked_weights(model.blocks[0])[0] is first[0]
+    with torch.no_grad():
+        model.blocks[0].attn.k_proj.weight.mul_(3.0)
+        model.blocks[1].mlp.up_proj.weight.add_(0.5)
+    assert stacked_weights(model.blocks[0])[0] is not first[0]
+    plain, _ = passes(model, PROMPTS, steps=1)
+    with fast_path(model, backend=None):
+        fast, _ = passes(model, PROMPTS, steps=1)
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@cuda
+def test_gpu_fast_path_matches_plain_and_its_graph_replays_its_steps():
+    model = tiny(vocab_size=97).cuda().to(torch.bfloat16)
+    plain, _ = passes(model, PROMPTS)
+    with fast_path(model):
+        fast, _ = passes(model, PROMPTS)
+        with torch.inference_mode():
+            graph = model.generate(PROMPTS, 10)
+            assert model.generate(PROMPTS, 10, cuda_graph=False) == graph
+    for a, b in zip(fast, plain, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
+    assert len(model.decode_graphs) == 2  # one graph per path: the key holds the fast path's weights
+    with torch.inference_mode():
+        assert model.generate(PROMPTS, 10) == model.generate(PROMPTS, 10, cuda_graph=False)
+    assert len(model.decode_graphs) == 2  # the plain graph again, not the fast one
+
+
+@cuda
+def test_gpu_fast_path_gives_a_trained_model_the_same_answers():
+    model = QEDModel.from_pretrained(CHECKPOINT, dtype=torch.bfloat16, device="cuda").eval()
+    from qedprobe.eval.tasks import NIAHTask
+    samples = NIAHTask("s-niah-1", "bytes").samples(1024, 16)  # the legacy format it was trained on
+    prompts = [s.input_ids for s in samples]
+    with torch.inference_mode():
+        plain = model.generate(prompts, 11, return_type="new_tokens")
+        with fast_path(model):
+            fast = model.generate(prompts, 11, return_type="new_tokens")
+    assert fast == plain
