@@ -7,13 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import tiny
+from helpers import saved_tiny_model, tiny, tiny_model
+from qedprobe.eval import commands, sweep
+from qedprobe.eval.sweep import SweepError, load_results, run_sweep, sweep_fast_path
 from qedprobe.model import QEDModel, fast_path, strength
 from qedprobe.model.decode_step import decode_step
 from qedprobe.model.fast import TokenLayout, conv_silu, stacked_weights
 from qedprobe.model.layers import ShortConvolution
 from qedprobe.model.packing import pack_prompts
 
+SWEEP = dict(lengths=[400], strengths=[0.0, 1.0], samples=3, batch_size=2, progress=False, task_format="legacy")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled GPU path needs CUDA")
 PROMPTS = [[5, 17, 33, 2, 8, 61, 90], [44], [7, 7, 12], list(range(1, 40)), [3, 9]]
 CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "recall-full-s1"
@@ -159,6 +162,43 @@ def test_stacked_weights_follow_in_place_edits():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+def test_sweep_on_the_fast_path_writes_the_plain_rows(tmp_path):
+    model = tiny_model()
+    plain = run_sweep(model, out=tmp_path / "plain", **SWEEP)
+    fast = run_sweep(model, out=tmp_path / "fast", fast_path="eager", **SWEEP)  # dynamo, not compiled
+    assert (plain.fast_path, fast.fast_path, plain.missing, fast.missing) == (None, "eager", 0, 0)
+    assert load_results(tmp_path / "fast") == load_results(tmp_path / "plain")
+    assert sweep_fast_path(model, None) is None and sweep_fast_path(model, True) == "inductor"  # CPU: plain
+    with pytest.raises(SweepError, match="has no fast path"):
+        sweep_fast_path(torch.nn.Linear(2, 2), True)
+    with pytest.raises(SweepError, match="fast_path must be"):
+        sweep_fast_path(model, 2)
+
+
+def test_sweep_time_limit_stops_between_batches_and_resumes(tmp_path):
+    model = tiny_model()
+    stopped = run_sweep(model, out=tmp_path / "s", time_limit=0, **SWEEP)
+    assert stopped.missing == 6 and not (tmp_path / "s" / "results.jsonl").exists()
+    done = run_sweep(model, out=tmp_path / "s", **SWEEP)
+    assert done.missing == 0 and len(load_results(tmp_path / "s")) == 6
+
+
+@pytest.mark.parametrize("flags, fast, graph", [([], None, True), (["--eager"], False, False),
+                                                (["--eager-decode"], None, False)])
+def test_cli_eager_forces_the_plain_path(tmp_path, monkeypatch, flags, fast, graph):
+    seen = {}
+
+    def fake_run_sweep(*args, **kwargs):
+        seen.update(kwargs)
+        return sweep.SweepResult([], {"model_s": 0.0, "prefill_tokens_per_s": 0.0})
+    monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
+    model = saved_tiny_model(tmp_path / "m")
+    assert commands.main(["sweep", "--model", model, "--device", "cpu", "--out", str(tmp_path / "o"),
+                          "--lengths", "400", "--strengths=0,1", "--samples", "2", "--format", "legacy",
+                          "--no-progress", *flags]) == 0
+    assert (seen["fast_path"], seen["cuda_graph"]) == (fast, graph)
+
+
 @cuda
 def test_gpu_fast_path_matches_plain_and_its_graph_replays_its_steps():
     model = tiny(vocab_size=97).cuda().to(torch.bfloat16)
@@ -187,3 +227,16 @@ def test_gpu_fast_path_gives_a_trained_model_the_same_answers():
         with fast_path(model):
             fast = model.generate(prompts, 11, return_type="new_tokens")
     assert fast == plain
+
+
+@cuda
+def test_gpu_cli_sweep_takes_the_fast_path_unless_eager(tmp_path, capsys):
+    model = saved_tiny_model(tmp_path / "m")
+    argv = ["sweep", "--model", model, "--out", str(tmp_path / "o"), "--lengths", "400", "--strengths=0,1",
+            "--samples", "4", "--format", "legacy", "--no-progress"]
+    assert commands.main(argv) == 0
+    assert "fast path (inductor)" in capsys.readouterr().out
+    assert commands.main([*argv[:4], str(tmp_path / "e"), *argv[5:], "--eager"]) == 0
+    assert "plain path" in capsys.readouterr().out
+    assert load_results(tmp_path / "o") and len(load_results(tmp_path / "e")) == 8
+    assert 2 ** 14 <= sweep.memory_batch_tokens(tiny_model().cuda()) <= sweep.MAX_BATCH_TOKENS

@@ -75,8 +75,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="data seed (keys, values, haystack offsets)")
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call")
-    p.add_argument("--batch-tokens", type=int, default=2 ** 18,
-                   help="on CUDA without --batch-size: batch = batch_tokens // length")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="on CUDA without --batch-size: batch = batch_tokens // length (default: the largest "
+                        "power of two <= 2^20 whose prefill fits in 60%% of the free GPU memory)")
     p.add_argument("--phase", default="all", choices=("all", "prefill", "decode"),
                    help="where s scales lambda: every token, the prompt only, or the generated tokens only")
     p.add_argument("--ref-strength", type=float, default=1.0, help="McNemar reference strength")
@@ -94,6 +95,9 @@ def register(subparsers) -> None:
                    help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
                         "(qedprobe.eval.control; a key-matching model falls to <= 1/num_needles)")
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--eager", action="store_true",
+                   help="the plain path for debugging: every layer in plain PyTorch (not the torch.compile'd "
+                        "fast path a QEDModel runs on CUDA by default) and eager decode steps (as --eager-decode)")
     p.add_argument("--eager-decode", action="store_true",
                    help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
     p.add_argument("--no-progress", action="store_true")
@@ -248,6 +252,8 @@ def run_sweep_cmd(args) -> int:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.batch_size is not None and args.batch_size < 1:
             raise SweepError("--batch-size must be >= 1")
+        if args.batch_tokens is not None and args.batch_tokens < 1:
+            raise SweepError("--batch-tokens must be >= 1")
         if args.control is not None and (args.task != "mk-niah" or args.format != "legacy"):
             raise SweepError(f"--control {args.control} needs --format legacy --task mk-niah, "
                              f"got --format {args.format} --task {args.task}")
@@ -292,7 +298,8 @@ def run_sweep_cmd(args) -> int:
                                layers=layers, heads=heads, phase=args.phase,
                                ref_strength=args.ref_strength,
                                allow_extrapolation=args.allow_extrapolation, model_id=model_id,
-                               progress=not args.no_progress, cuda_graph=not args.eager_decode)
+                               progress=not args.no_progress, cuda_graph=not (args.eager or args.eager_decode),
+                               fast_path=False if args.eager else None)
         finally:
             store.close()
     except SweepError as exc:
@@ -303,7 +310,8 @@ def run_sweep_cmd(args) -> int:
         print(summary_table(result.summary))
         print(f"wrote {Path(args.out) / 'summary.csv'} ({len(result.summary)} cells); "
               f"model time {timing['model_s']:.1f} s{ranks}, "
-              f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s")
+              f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s, "
+              f"{'fast path (' + result.fast_path + ')' if result.fast_path else 'plain path'}")
     return 0
 
 

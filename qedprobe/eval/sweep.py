@@ -469,6 +469,58 @@ def _default_batch(length, device_type, batch_tokens):
     return 4
 
 
+MAX_BATCH_TOKENS = 2 ** 20
+"""The most prompt tokens :func:`memory_batch_tokens` packs into one call (the recurrence kernels
+index ``tokens x heads x head_dim`` elements in int32: 2^20 x 6 x 128 for the 340M shape)."""
+
+
+def prefill_bytes_per_token(cfg) -> int:
+    """A bound on a prefill's live activation bytes per prompt token of a ``QEDConfig`` model:
+    the widest tensors one block holds at once (bf16 projections and MLP, float32 log-decay and
+    the recurrence's intra-chunk buffers, float32 residual and norms), about twice what the plain
+    path was measured to need on the 340M shape."""
+    hk = cfg.num_heads * max(cfg.head_dim, cfg.head_v_dim)
+    wide = 3 * cfg.intermediate_size + 2 * (5 * hk + 2 * cfg.head_v_dim)
+    return 2 * wide + 4 * 7 * hk + 8 * cfg.hidden_size
+
+
+def memory_batch_tokens(model, share: float = 0.6) -> int:
+    """Prompt tokens per generate call on a CUDA device: the largest power of two whose prefill
+    (:func:`prefill_bytes_per_token`) fits in ``share`` of the device's free memory, at most
+    :data:`MAX_BATCH_TOKENS` and at least 2^14."""
+    free, _ = torch.cuda.mem_get_info(model.device)
+    fit = int(share * free) // prefill_bytes_per_token(model.cfg)
+    return max(2 ** 14, min(MAX_BATCH_TOKENS, 1 << max(fit, 1).bit_length() - 1))
+
+
+def sweep_fast_path(model, fast_path) -> str | None:
+    """The ``torch.compile`` backend a sweep runs the model's fast path with
+    (:func:`qedprobe.model.fast_path`), or None for the plain path. ``fast_path``: None (default)
+    is ``"inductor"`` for a model with a fast path (a ``QEDModel``) on CUDA and the plain path
+    otherwise; False the plain path; True ``"inductor"``; a string that backend."""
+    if fast_path is None:
+        on_cuda = torch.device(getattr(model, "device", "cpu")).type == "cuda"
+        fast_path = on_cuda and hasattr(model, "fast_path")
+    if fast_path is False:
+        return None
+    if not hasattr(model, "fast_path"):
+        raise SweepError(f"fast_path={fast_path!r}: {type(model).__name__} has no fast path (a QEDModel "
+                         "has); pass fast_path=False (--eager)")
+    if fast_path is True:
+        return "inductor"
+    if not isinstance(fast_path, str):
+        raise SweepError(f"fast_path must be None, a bool or a torch.compile backend name, got {fast_path!r}")
+    return fast_path
+
+
+def _path_block(model, backend):
+    """The block a sweep's batches run in: the fast path with ``backend``, or nothing (plain)."""
+    if backend is None:
+        return contextlib.nullcontext()
+    from qedprobe.model import fast_path
+    return fast_path(model, backend)
+
+
 class Timings(dict):
     """Seconds per phase (``timings.time(name)`` adds a block's wall time) and token counts."""
 
@@ -562,11 +614,15 @@ def summarise(folder, ref_strength, title=None) -> list[dict]:
 
 @dataclass
 class SweepResult:
-    """What :func:`run_sweep` returns: the summary rows (every shard) and this rank's timings
-    (seconds per phase ``*_s``, ``prompt_tokens``, ``new_tokens``, ``prefill_tokens_per_s``)."""
+    """What :func:`run_sweep` returns: the summary rows (every shard), this rank's timings
+    (seconds per phase ``*_s``, ``prompt_tokens``, ``new_tokens``, ``prefill_tokens_per_s``), the
+    rows of the grid still missing from the folder (0 once complete; more when ``time_limit``
+    stopped the run) and the fast path's backend (None: the plain path)."""
 
     summary: list[dict]
     timing: dict = field(default_factory=dict)
+    missing: int = 0
+    fast_path: str | None = None
 
 
 def _resolve_model(model, model_id):
@@ -582,10 +638,11 @@ def _resolve_model(model, model_id):
 
 
 def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, samples, seed=0,
-              out, batch_size=None, batch_tokens=2 ** 18, layers=None, heads=None, phase="all",
+              out, batch_size=None, batch_tokens=None, layers=None, heads=None, phase="all",
               ref_strength=1.0, allow_extrapolation=False, haystack_file=None, num_needles=None,
               max_new_tokens=None, haystack=None, model_id=None, progress=True,
-              decode="budget", cuda_graph=True, task_format=DEFAULT_FORMAT) -> SweepResult:
+              decode="budget", cuda_graph=True, task_format=DEFAULT_FORMAT, fast_path=None,
+              time_limit=None) -> SweepResult:
     """Run (or resume) a strength sweep into ``out``; returns a :class:`SweepResult`.
 
     ``model``: a :class:`qedprobe.model.QEDModel` (on its device, in eval mode), or a folder
@@ -595,7 +652,8 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     :func:`sweep_config` that holds the weights hash.
     ``task``: a task name or a task object (``qedprobe.eval.tasks.make_task``); a name is built in
     ``task_format`` (``"ruler"``, the default, or ``"legacy"``, the shipped checkpoints' format).
-    ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU).
+    ``batch_size``: prompts per generate call (default: ``batch_tokens // length`` on CUDA, 4 on CPU);
+    ``batch_tokens`` defaults to :func:`memory_batch_tokens` (what fits in the free GPU memory).
     ``layers``, ``heads``, ``phase``: which lambdas the strength scales (see ``qedprobe.model.strength``).
     ``decode``: ``"budget"`` decodes the task's ``max_new_tokens`` per prompt (the tokens the prompt
     length reserves; rows as always); ``"answer"`` decodes only what the longest answer of each batch
@@ -604,6 +662,12 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     Each batch of prompts is packed once and run at every strength.
     ``cuda_graph``: replay the decode step from a CUDA graph where that is exact (CUDA, no hooks;
     ``QEDModel.generate``); False forces eager steps. Rows are the same either way.
+    ``fast_path``: run the model's compiled fast path (:func:`sweep_fast_path`: by default on CUDA
+    for a ``QEDModel``; False forces the plain path). Its rows equal the plain path's up to float
+    rounding (``qedprobe.model.fast``), so a folder keeps rows of either.
+    ``time_limit``: seconds after which no new batch starts (a batch is not started when the last
+    one's time would take it past the limit); the rows written stay, ``SweepResult.missing``
+    counts the others and a rerun resumes.
 
     Under an initialised ``torch.distributed`` process group of N ranks (``torchrun``), every
     rank calls ``run_sweep`` with the same arguments and its own model replica: the missing
@@ -636,27 +700,40 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
             raise SweepError(f"{str(store.dir)!r} was decoded with {store.config.get('decode')}, "
                              f"this run asks {config.get('decode')}: use a new --out")
         device_type = torch.device(getattr(model, "device", "cpu")).type
+        if batch_tokens is None and batch_size is None and device_type == "cuda":
+            batch_tokens = memory_batch_tokens(model)
         batches = plan_batches(store.done, lengths, strengths, samples,
                                lambda L: batch_size or _default_batch(L, device_type, batch_tokens))
-        timings = run_batches(model, nt, store, batches[dist.rank()::dist.world_size()], samples=samples,
-                              seed=seed, iv=Intervention(layers, heads, phase, allow_extrapolation),
-                              decode=decode, cuda_graph=cuda_graph, progress=progress)
+        backend = sweep_fast_path(model, fast_path)
+        with _path_block(model, backend):
+            timings = run_batches(model, nt, store, batches[dist.rank()::dist.world_size()], samples=samples,
+                                  seed=seed, iv=Intervention(layers, heads, phase, allow_extrapolation),
+                                  decode=decode, cuda_graph=cuda_graph, progress=progress,
+                                  deadline=None if time_limit is None else t_start + time_limit)
     finally:
         if not isinstance(out, ResultsStore):
             store.close()
     with timings.time("summary_s"):
         summary = summarise(store.dir, ref_strength,
                             title=plot_title(model_id, model.cfg.arm, nt.name, seed, layers, heads, phase))
-    return SweepResult(summary, _finish_timings(timings, t_start))
+    done = sum(r["n"] for r in summary if r["length"] in lengths and r["s"] in {strength_key(x) for x in strengths})
+    return SweepResult(summary, _finish_timings(timings, t_start), missing=len(lengths) * len(strengths) * samples - done,
+                       fast_path=backend)
 
 
 def run_batches(model, nt: NIAHTask, store: ResultsStore, batches, *, samples, seed, iv: Intervention, decode,
-                cuda_graph=True, progress=True) -> Timings:
+                cuda_graph=True, progress=True, deadline=None) -> Timings:
     """Run ``batches`` (:func:`run_batch` each), appending every generate call's rows to
-    ``store`` as they come; returns the time per phase and the token counts."""
+    ``store`` as they come; returns the time per phase and the token counts. With ``deadline``
+    (a ``time.perf_counter()`` value) a batch starts only if the previous batch's time fits
+    before it."""
     timings = Timings()
     bar = _progress(batches, nt.name) if progress else None
+    last = 0.0
     for batch in batches:
+        started = time.perf_counter()
+        if deadline is not None and started + last > deadline:
+            break
         for rows in run_batch(model, nt, batch, samples=samples, seed=seed, iv=iv, decode=decode,
                               timings=timings, cuda_graph=cuda_graph):
             with timings.time("write_s"):
@@ -665,6 +742,7 @@ def run_batches(model, nt: NIAHTask, store: ResultsStore, batches, *, samples, s
                 bar.update(len(rows))
                 bar.set_postfix(L=batch.length, s=f"{rows[0]['s']:g}",
                                 tok_s=f"{timings['prompt_tokens'] / max(timings['model_s'], 1e-9):,.0f}")
+        last = time.perf_counter() - started
     if bar is not None:
         bar.close()
     return timings
