@@ -49,8 +49,9 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "fused_recurrent_gdn2, and the launch-configuration sweep",
               "cuda", ("recurrent_decode.json",)),
     Benchmark("sweep", "sweep.py",
-              "the Table-4 strength-sweep grid on a random 340M model: wall time, tokens per second, "
-              "where the time goes", "cuda (cpu smoke: --tiny --device cpu)"),
+              "the Table-4 strength-sweep grid on a random 340M model (resumable over calls): wall time, "
+              "prefill tokens per second, decode ms per step, the share of time per part",
+              "cuda (cpu smoke: --tiny --device cpu)", ("sweep.json",)),
     Benchmark("profile_sweep", "profile_sweep.py",
               "one sweep batch phase by phase (pack, prefill, graph capture, graph / eager decode) and "
               "the top ops of each under torch.profiler", "cuda (cpu smoke: --tiny --device cpu)"),

@@ -46,3 +46,27 @@ def test_runner_runs_the_sweep_benchmark_and_records_the_machine(tmp_path, capsy
     machine = json.loads((tmp_path / "sweep.machine.json").read_text())
     assert machine["benchmark"] == "sweep" and machine["command"] == ["bench/sweep.py", *args]
     assert machine["torch"] and len(machine["date_utc"]) == 10
+
+
+def _sweep_bench(tmp_path, capsys, *args):
+    assert run.main(["sweep", "--", "--tiny", "--device", "cpu", "--samples", "1", "--strengths", "0,1",
+                     "--no-progress", "--out", str(tmp_path / "grid"), "--json", str(tmp_path / "sweep.json"),
+                     *args]) == 0
+    out = capsys.readouterr().out
+    printed = json.loads(out[("\n" + out).rindex("\n{"):])
+    assert json.loads((tmp_path / "sweep.json").read_text()) == printed
+    return printed
+
+
+def test_sweep_benchmark_resumes_and_sums_its_calls(tmp_path, capsys):
+    first = _sweep_bench(tmp_path, capsys, "--lengths", "512")
+    assert (first["rows"], first["calls"], first["untimed_rows"], first["full_grid"]) == (2, 1, 0, False)
+    assert {"wall_s", "prefill_tokens_per_s", "decode_ms_per_step", "device", "date", "commit"} <= set(first)
+    assert first["decode_ms_per_step_by_batch"].keys() == {"1"} and first["decode_steps"] == 2 * 10
+    assert abs(sum(first["share"].values()) - 1) < 1e-3
+    second = _sweep_bench(tmp_path, capsys, "--lengths", "512,1K")  # the 512 rows resume, 1K is new
+    assert (second["rows"], second["calls"], second["untimed_rows"]) == (4, 2, 0)
+    assert second["wall_s"] > first["wall_s"] and set(second["prefill_tokens_per_s_by_length"]) == {"512", "1024"}
+    (tmp_path / "grid" / "bench_timing.json").unlink()  # as if the calls so far were killed before writing it
+    third = _sweep_bench(tmp_path, capsys, "--lengths", "512,1K", "--budget", "16")
+    assert (third["rows"], third["calls"], third["untimed_rows"], third["target_met"]) == (4, 1, 4, None)
