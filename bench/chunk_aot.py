@@ -5,7 +5,7 @@ ptxas Triton itself uses for sm_90) and print shared memory, registers and spill
 
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
-``--warps``); ``bwd``: the two backward kernels at float32 state (tf32x3). It reproduced the
+``--warps``); ``bwd``: the three backward kernels the same way (bf16 inputs, or ``--fp32``). It reproduced the
 device's shared-memory figure (294912 B for the float32 scan with two stages) exactly, so
 configurations can be screened here before spending device time.
 """
@@ -28,9 +28,9 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from qedprobe.kernels.qed import chunk_intra, chunk_wy
-from qedprobe.kernels.qed.chunk_bwd import DSTATE_CONFIG, INTRA_BWD_CONFIG
-from qedprobe.kernels.qed.chunk_bwd_intra import qed_bwd_scores_kernel, qed_bwd_wy_kernel
-from qedprobe.kernels.qed.chunk_bwd_scan import qed_dstate_kernel
+from qedprobe.kernels.qed.chunk_bwd_intra import (SCORES_BWD_BKS, SCORES_BWD_WARPS, WY_BWD_BKS, WY_BWD_BVS,
+                                                   WY_BWD_WARPS, qed_bwd_scores_kernel, qed_bwd_wy_kernel)
+from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
 from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, OUTPUT_WARPS, qed_output_kernel, qed_state_kernel, state_config
 
@@ -122,26 +122,26 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
              warps or OUTPUT_WARPS)
 
 
-def backward(K: int, V: int, H: int = 16, warps: int | None = None):
-    """The two backward kernels as ``chunk_bwd.core_backward`` launches them (float32 state)."""
-    print(f"--- backward, float32 state, tf32x3, K={K} V={V}")
-    BK = triton.next_power_of_2(K)
-    ptr = lambda names: {n: "*fp32" for n in names.split()}  # noqa: E731
-    compile_(qed_dstate_kernel, dict(ptr("W U KG QG AQK GL HS DO DHT DU RS DH DH0"), T="i32"),
-             dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=min(DSTATE_CONFIG["BV"], V), USE_DHT=True, IS_VARLEN=False,
-                  DT=tl.float32, PREC="tf32x3", WHILE_LOOP=False, cu_seqlens=None, chunk_offsets=None),
-             warps or DSTATE_CONFIG["num_warps"])
-    BKS, BVS = min(INTRA_BWD_CONFIG["BKS"], BK), min(INTRA_BWD_CONFIG["BVS"], V)
+def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):
+    """The three backward kernels as ``chunk_bwd.core_backward`` launches them for bf16 inputs
+    (forward buffers bf16, float32 gradients and state) or, with ``fp32``, float32 inputs (tf32x3)."""
+    io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
+    print(f"--- backward, {io} inputs, float32 state, K={K} V={V}")
+    ptr = lambda names, t: {n: t for n in names.split()}  # noqa: E731
+    common = dict(HV=H, K=K, V=V, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None)
+    compile_(qed_dstate_kernel, dict(ptr("w kg qg aqk dh do", f"*{io}"), **ptr("gl dht dr dh0", "*fp32"), T="i32"),
+             dict(common, BKP=min(STATE_BKP, K), BV=min(STATE_BV, V), WHILE_LOOP=False, USE_DHT=True,
+                  chunk_offsets=None),
+             warps or STATE_WARPS)
     compile_(qed_bwd_wy_kernel,
-             dict(ptr("AKK W U HS DO DU RS DH DQG DKG DGL DAQK DG DWV"), T="i32"),
-             dict(H=H, K=K, V=V, BT=BT, BKS=BKS, BVS=BVS, NK=triton.cdiv(K, BKS), NV=triton.cdiv(V, BVS),
-                  IS_VARLEN=False, DT=tl.float32, PREC="tf32x3", cu_seqlens=None, chunk_indices=None),
-             warps or INTRA_BWD_CONFIG["wy_warps"])
+             dict(ptr("ai w u r hs dh do", f"*{io}"), **ptr("dr dqg dkg dgl dag daqk dakk dwv", "*fp32"), T="i32"),
+             dict(common, BKS=min(WY_BWD_BKS, K), BVS=min(WY_BWD_BVS, V), chunk_indices=None),
+             warps or WY_BWD_WARPS)
     compile_(qed_bwd_scores_kernel,
-             dict(ptr("QH KH A g DAKK DQG DKG DGL DAQK DQ DK DA DG"), T="i32", scale="fp32"),
-             dict(H=H, K=K, BT=BT, BC=BC, BKS=BKS, IS_VARLEN=False, DT=tl.float32, PREC="tf32x3",
+             dict(ptr("q_hat k_hat a g daqk dakk dqg dkg dgl dag dq dk da dg", "*fp32"), T="i32", scale="fp32"),
+             dict(HV=H, K=K, BT=BT, BC=BC, BKS=min(SCORES_BWD_BKS, K), IS_VARLEN=False, DT=tl.float32, PREC=prec,
                   cu_seqlens=None, chunk_indices=None),
-             warps or INTRA_BWD_CONFIG["scores_warps"])
+             warps or SCORES_BWD_WARPS)
 
 
 def main():
@@ -157,7 +157,7 @@ def main():
         for probes in (False, True):
             forward(probes, a.K, a.V, warps=a.warps, scores_bks=a.scores_bks, fp32=a.fp32)
     if a.what in ("bwd", "all"):
-        backward(a.K, a.V, warps=a.warps)
+        backward(a.K, a.V, warps=a.warps, fp32=a.fp32)
 
 
 if __name__ == "__main__":

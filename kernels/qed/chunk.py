@@ -113,19 +113,16 @@ def _float64_guard(P: QEDProblem, fn):
                          f"has ({err}); use qed_naive (or float32 inputs) instead") from err
 
 
-def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=None, o=None, sd=None):
-    """The state scan on ``intra``'s buffers and, given ``o``, the output launch (``sd`` only with
-    probes); returns the chunk-start states ``[NC, HV, K, V]`` (in the intermediate dtype)."""
+def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=None):
+    """The state scan on ``intra``'s buffers: ``(hs, r)``, the chunk-start states
+    ``[NC, HV, K, V]`` and the residuals ``[B, T, HV, V]`` (both in the intermediate dtype);
+    ``ht``, when given, receives the final states."""
     w = intra.wy.w
     hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=w.device, dtype=w.dtype)
-    r = torch.empty(P.B, P.T, P.HV, P.V, device=w.device, dtype=w.dtype) if o is not None else None
+    r = torch.empty(P.B, P.T, P.HV, P.V, device=w.device, dtype=w.dtype)
     _float64_guard(P, lambda: chunk_state_fwd(lay, w=w, u=intra.wy.u, kg=intra.prep.kg, gl=intra.prep.gl, hs=hs,
                                               r=r, h0=h0, ht=ht, T=P.T, N=P.N))
-    if o is not None:
-        probes = sd is not None
-        chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.scores.aqk, hs=hs, r=r, o=o,
-                         dg=intra.prep.dg if probes else None, adk=intra.scores.adk if probes else None, sd=sd)
-    return hs
+    return hs, r
 
 
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
@@ -141,7 +138,10 @@ def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_st
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    run_scan(P, lay, intra, h0=h0, ht=ht, o=o, sd=sd)
+    hs, r = run_scan(P, lay, intra, h0=h0, ht=ht)
+    chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.scores.aqk, hs=hs, r=r, o=o,
+                     dg=intra.prep.dg if return_probes else None,
+                     adk=intra.scores.adk if return_probes else None, sd=sd)
     probes = None
     if return_probes:
         probes = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
@@ -171,14 +171,14 @@ class _QEDChunkFunction(torch.autograd.Function):
     def backward(ctx, do, dht, _dprobes):
         P, arm, z, _, _, use_qk_l2norm, cu_seqlens = ctx.opts
         q, k, v, g, b, w, lam, d, h0 = ctx.saved_tensors
-        ct = P.compute_dtype
-        lay = chunk_layout(P, cu_seqlens, q.device, "ieee" if ct == torch.float64 else "tf32x3")
+        inter, prec = _precision(P, q, k, v, b, w)
+        lay = chunk_layout(P, cu_seqlens, q.device, prec)
         x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
         intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
-                                inter=ct, probes=False)
-        states = run_scan(P, lay, intra, h0=h0.contiguous() if h0 is not None else None)
+                                inter=inter, probes=False)
+        states, r = run_scan(P, lay, intra, h0=h0.contiguous() if h0 is not None else None)
         return (None, *input_grads(ctx.needs_input_grad[1:], (q, k, v, g, b, w, lam, d, h0), arm, z,
-                                   use_qk_l2norm, P, lay, intra, states, do, dht))
+                                   use_qk_l2norm, P, lay, intra, states, r, do, dht))
 
 
 @on_input_device

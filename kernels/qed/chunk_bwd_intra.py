@@ -31,10 +31,22 @@ known). Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, ``d(w
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import store_tile, tile_row, load_tile, channel_slice, chunk_position, shifted
+from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, load_tile, shifted, store_tile, tile_row
+
+WY_BWD_BKS = 32
+WY_BWD_BVS = 16
+WY_BWD_WARPS = 8
+"""Key slice, value slice and warps of ``qed_bwd_wy_kernel`` (by rule; at BVS 32 it spills,
+ptxas sm_90, docs/BENCHMARKS.md)."""
+SCORES_BWD_BKS = 32
+SCORES_BWD_WARPS = 8
+"""Key slice and warps of ``qed_bwd_scores_kernel``."""
 
 
 @triton.jit
@@ -79,11 +91,11 @@ def _dblock(D, rows, m_r, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT:
 
 
 @triton.jit
-def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
+def _block_terms(QH, KH, A, g, DAQK, DAKK, g_f, r0, eos, cols, m_c, o_t, scale,
                  I: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                  DT: tl.constexpr, PREC: tl.constexpr):
     """Score-term gradients of row block ``I``: ``dqs, da`` (from column blocks ``J <= I``) and
-    ``dk`` (from row blocks ``I' >= I``), written to ``DQ, DA, DK``.
+    ``dk`` (from row blocks ``I' >= I``), returned with the block's ``qs, k, a, G`` tiles.
 
     Off-diagonal blocks are products with the reference point ``s`` = first row of the later
     block: ``e^{G_t - G_j} = e^{G_t - G_s} e^{G_s - G_j}``, both factors <= 1; diagonal blocks use
@@ -123,117 +135,175 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, 
         acc = (tl.dot(tl.trans(_dblock(DAQK, r2, m2, I2, I, H, BT, BC, DT)), q2 * e2, input_precision=PREC)
                + tl.dot(tl.trans(_dblock(DAKK, r2, m2, I2, I, H, BT, BC, DT)), a2 * e2, input_precision=PREC))
         dk += tl.exp(s2[None, :] - GI) * acc
-    store_tile(DQ, dq, rI, mI, cols, m_c, H * K)
-    store_tile(DA, da, rI, mI, cols, m_c, H * K)
-    store_tile(DK, dk, rI, mI, cols, m_c, H * K)
+    return dq, da, dk, qI, kI, aI, GI
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
-@triton.jit(do_not_specialize=['T'])
+@triton.jit(do_not_specialize=["T"])
 def qed_bwd_wy_kernel(
-    AKK, W, U, HS, DO, DU, RS, DH, DQG, DKG, DGL, DAQK, DG, DWV,
+    ai, w, u, r, hs, dh, do, dr, dqg, dkg, dgl, dag, daqk, dakk, dwv,
     cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BKS: tl.constexpr, BVS: tl.constexpr, NK: tl.constexpr,
-    NV: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
+    BVS: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk: ``d(wv)``, ``dA_qk``, ``dqg, dkg, dgamma``, ``d(a e^G)`` and ``dA_kk`` (over
-    ``AKK``, which held ``Tm``): every term that sums over the value axis or over all keys."""
-    i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
-
+    """Per chunk: ``d(wv)``, ``dA_qk``, ``dqg, dkg, dgamma``, ``d(a e^G)`` and ``dA_kk``: every
+    term that sums over the value axis or over all keys. Products take their operands in the
+    dtype of ``ai`` and accumulate in ``DT``."""
+    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    AKK, DAQK = shifted((AKK, DAQK), i_h * BT)
-    Tm = tl.load(AKK + rows[:, None] * (H * BT) + o_t[None, :],
-                 mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(DT)
+    ai, daqk, dakk = shifted((ai, daqk, dakk), i_hv * BT)
+    Tm = tl.load(ai + rows[:, None] * (HV * BT) + o_t[None, :],
+                 mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.)
+    OP = Tm.dtype
 
-    # ---- over value blocks: d(wv) = Tm^T dU (an output), dA_kk -= d(wv) U^T, dA_qk = dO R^T
-    dAkk = tl.zeros([BT, BT], dtype=DT)
-    dAqk = tl.zeros([BT, BT], dtype=DT)
-    U, DO, DU, RS, DWV = shifted((U, DO, DU, RS, DWV), i_h * V)
-    for i_v in range(NV):
+    # ---- over value blocks: d(wv) = Tm^T dR (an output), dA_kk -= d(wv) U^T, dA_qk = dO R^T
+    b_dakk = tl.zeros([BT, BT], dtype=DT)
+    b_daqk = tl.zeros([BT, BT], dtype=DT)
+    u, r, do, dr, dwv = shifted((u, r, do, dr, dwv), i_hv * V)
+    for i_v in range(tl.cdiv(V, BVS)):
         cols, m_c = channel_slice(i_v, BVS, V)
-        dwv = tl.dot(tl.trans(Tm), load_tile(DU, rows, m_t, cols, m_c, H * V, DT), input_precision=PREC)
-        store_tile(DWV, dwv, rows, m_t, cols, m_c, H * V)
-        dAkk -= tl.dot(dwv, tl.trans(load_tile(U, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
-        dAqk += tl.dot(load_tile(DO, rows, m_t, cols, m_c, H * V, DT),
-                       tl.trans(load_tile(RS, rows, m_t, cols, m_c, H * V, DT)), input_precision=PREC)
-    store_tile(DAQK, tl.where(o_t[:, None] >= o_t[None, :], dAqk, 0.), rows, m_t, o_t, o_t < BT, H * BT)
+        b_dwv = tl.dot(tl.trans(Tm), load_tile(dr, rows, m_t, cols, m_c, HV * V, DT).to(OP), input_precision=PREC)
+        store_tile(dwv, b_dwv, rows, m_t, cols, m_c, HV * V)
+        b_dakk -= tl.dot(b_dwv.to(OP), tl.trans(load_tile(u, rows, m_t, cols, m_c, HV * V, DT).to(OP)),
+                         input_precision=PREC)
+        b_daqk += tl.dot(load_tile(do, rows, m_t, cols, m_c, HV * V, DT).to(OP),
+                         tl.trans(load_tile(r, rows, m_t, cols, m_c, HV * V, DT).to(OP)), input_precision=PREC)
+    store_tile(daqk, tl.where(o_t[:, None] >= o_t[None, :], b_daqk, 0.), rows, m_t, o_t, o_t < BT, HV * BT)
 
     # ---- over key slices: dqg, dkg, dgamma, dW (sums over value blocks with S0, dS1), then
     # d(a e^G) = Tm^T dW and dA_kk -= d(a e^G) W^T
-    off = i_h * K
-    p_s = (i_g * H + i_h) * K * V
-    for i_k in range(NK):
+    w, dqg, dkg, dag = shifted((w, dqg, dkg, dag), i_hv * K)
+    p_s = (i_g * HV + i_hv) * K * V
+    for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
-        dqg = tl.zeros([BT, BKS], dtype=DT)
-        dkg = tl.zeros([BT, BKS], dtype=DT)
-        dw = tl.zeros([BT, BKS], dtype=DT)
-        dgam = tl.zeros([BKS], dtype=DT)
-        for i_v in range(NV):
+        b_dqg = tl.zeros([BT, BKS], dtype=DT)
+        b_dkg = tl.zeros([BT, BKS], dtype=DT)
+        b_dw = tl.zeros([BT, BKS], dtype=DT)
+        b_dgam = tl.zeros([BKS], dtype=DT)
+        for i_v in range(tl.cdiv(V, BVS)):
             cv, m_v = channel_slice(i_v, BVS, V)
-            s0 = load_tile(HS + p_s, cols, m_c, cv, m_v, V, DT)
-            ds1 = load_tile(DH + p_s, cols, m_c, cv, m_v, V, DT)
-            dqg += tl.dot(load_tile(DO, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
-            dw -= tl.dot(load_tile(DU, rows, m_t, cv, m_v, H * V, DT), tl.trans(s0), input_precision=PREC)
-            dkg += tl.dot(load_tile(RS, rows, m_t, cv, m_v, H * V, DT), tl.trans(ds1), input_precision=PREC)
-            dgam += tl.sum(s0 * ds1, 1)
-        store_tile(DQG + off, dqg, rows, m_t, cols, m_c, H * K)
-        store_tile(DKG + off, dkg, rows, m_t, cols, m_c, H * K)
-        tl.store(DGL + (i_g * H + i_h) * K + cols, dgam.to(DGL.dtype.element_ty), mask=m_c)
-        dag = tl.dot(tl.trans(Tm), dw, input_precision=PREC)
-        store_tile(DG + off, dag, rows, m_t, cols, m_c, H * K)  # d(a e^G), read by qed_bwd_scores_kernel
-        dAkk -= tl.dot(dag, tl.trans(load_tile(W + off, rows, m_t, cols, m_c, H * K, DT)), input_precision=PREC)
-    dAkk = tl.where(o_t[:, None] > o_t[None, :], dAkk, 0.)
-    tl.debug_barrier()
-    store_tile(AKK, dAkk, rows, m_t, o_t, o_t < BT, H * BT)  # AKK now holds dA_kk
+            s0 = load_tile(hs + p_s, cols, m_c, cv, m_v, V, DT)
+            ds1 = load_tile(dh + p_s, cols, m_c, cv, m_v, V, DT)
+            b_dqg += tl.dot(load_tile(do, rows, m_t, cv, m_v, HV * V, DT).to(OP), tl.trans(s0.to(OP)),
+                            input_precision=PREC)
+            b_dw -= tl.dot(load_tile(dr, rows, m_t, cv, m_v, HV * V, DT).to(OP), tl.trans(s0.to(OP)),
+                           input_precision=PREC)
+            b_dkg += tl.dot(load_tile(r, rows, m_t, cv, m_v, HV * V, DT).to(OP), tl.trans(ds1.to(OP)),
+                            input_precision=PREC)
+            b_dgam += tl.sum(s0 * ds1, 1)
+        store_tile(dqg, b_dqg, rows, m_t, cols, m_c, HV * K)
+        store_tile(dkg, b_dkg, rows, m_t, cols, m_c, HV * K)
+        tl.store(dgl + (i_g * HV + i_hv) * K + cols, b_dgam.to(dgl.dtype.element_ty), mask=m_c)
+        b_dag = tl.dot(tl.trans(Tm), b_dw.to(OP), input_precision=PREC)
+        store_tile(dag, b_dag, rows, m_t, cols, m_c, HV * K)
+        b_dakk -= tl.dot(b_dag.to(OP), tl.trans(load_tile(w, rows, m_t, cols, m_c, HV * K, DT).to(OP)),
+                         input_precision=PREC)
+    store_tile(dakk, tl.where(o_t[:, None] > o_t[None, :], b_dakk, 0.), rows, m_t, o_t, o_t < BT, HV * BT)
+
+
+@triton.jit
+def _chunk_dgl(k_hat, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, HV: tl.constexpr, K: tl.constexpr,
+               DT: tl.constexpr):
+    """``dG_last`` of the chunk's key slice: ``sum_t dkg k e^{G_last - G} + dgamma gamma``."""
+    G = tl.cumsum(g_f, 0)
+    gl = tl.sum(g_f, 0)
+    ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
+    kgd = load_tile(dkg, rows, m_t, cols, m_c, HV * K, DT) * load_tile(k_hat, rows, m_t, cols, m_c, HV * K, DT) * ekl
+    dgam = tl.load(dgl + (i_g * HV + i_hv) * K + cols, mask=m_c, other=0.).to(DT)
+    return tl.sum(kgd, 0) + dgam * tl.exp(gl), gl
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
-@triton.jit(do_not_specialize=['T'])
+@triton.jit(do_not_specialize=["T"])
 def qed_bwd_scores_kernel(
-    QH, KH, A, g, DAKK, DQG, DKG, DGL, DAQK, DQ, DK, DA, DG,
+    q_hat, k_hat, a, g, daqk, dakk, dqg, dkg, dgl, dag, dq, dk, da, dg,
     cu_seqlens, chunk_indices, T, scale,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
     IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk and key slice ``i_k = program_id(2)``: the score terms per row block (to ``DQ,
-    DA, DK``), then the elementwise terms and the reverse cumsum of ``dG`` over the chunk."""
-    i_h, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    """Per chunk and key slice ``i_k = program_id(2)``, row block by row block from the last:
+    the score terms, the elementwise terms, and ``dg`` as the reverse cumsum of ``dG`` (the
+    later blocks' sum carried) plus ``dG_last``."""
+    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_k = tl.program_id(2)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    DAKK, DAQK = shifted((DAKK, DAQK), i_h * BT)
-    off = i_h * K
-    QH, KH, A, g, DQ, DA, DK, DG, DQG, DKG = shifted((QH, KH, A, g, DQ, DA, DK, DG, DQG, DKG), off)
+    daqk, dakk = shifted((daqk, dakk), i_hv * BT)
+    q_hat, k_hat, a, g, dqg, dkg, dag, dq, dk, da, dg = shifted(
+        (q_hat, k_hat, a, g, dqg, dkg, dag, dq, dk, da, dg), i_hv * K)
     r0 = bos + i_t * BT
     cols, m_c = channel_slice(i_k, BKS, K)
-    g_f = load_tile(g, rows, m_t, cols, m_c, H * K, DT)
-    for I in tl.static_range(BT // BC):
-        _block_terms(QH, KH, A, g, DAQK, DAKK, DQ, DA, DK, g_f, r0, eos, cols, m_c, o_t, scale,
-                     I, H, K, BT, BC, DT, PREC)
-    tl.debug_barrier()
-    G = tl.cumsum(g_f, 0)
-    gl = tl.sum(g_f, 0)
-    qs = load_tile(QH, rows, m_t, cols, m_c, H * K, DT) * scale
-    kh = load_tile(KH, rows, m_t, cols, m_c, H * K, DT)
-    a = load_tile(A, rows, m_t, cols, m_c, H * K, DT)
-    dqp = load_tile(DQ, rows, m_t, cols, m_c, H * K, DT)
-    dap = load_tile(DA, rows, m_t, cols, m_c, H * K, DT)
-    dkp = load_tile(DK, rows, m_t, cols, m_c, H * K, DT)
-    eg = tl.where(m_t[:, None], tl.exp(G), 0.)
-    ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
-    dqg = load_tile(DQG, rows, m_t, cols, m_c, H * K, DT)
-    dkg = load_tile(DKG, rows, m_t, cols, m_c, H * K, DT)
-    dag = load_tile(DG, rows, m_t, cols, m_c, H * K, DT)
-    dgam = tl.load(DGL + (i_g * H + i_h) * K + cols, mask=m_c, other=0.).to(DT)
-    kgd = dkg * kh * ekl
-    dG = dqg * qs * eg + dag * a * eg - kgd + qs * dqp + a * dap - kh * dkp
-    dgl = tl.sum(kgd, 0) + dgam * tl.exp(gl)
-    tl.debug_barrier()
-    store_tile(DQ, (dqg * eg + dqp) * scale, rows, m_t, cols, m_c, H * K)
-    store_tile(DA, dag * eg + dap, rows, m_t, cols, m_c, H * K)
-    store_tile(DK, dkg * ekl + dkp, rows, m_t, cols, m_c, H * K)
-    store_tile(DG, tl.cumsum(dG, 0, reverse=True) + dgl[None, :], rows, m_t, cols, m_c, H * K)
+    g_f = load_tile(g, rows, m_t, cols, m_c, HV * K, DT)
+    dG_last, gl = _chunk_dgl(k_hat, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, HV, K, DT)
+    carry = dG_last
+    o_c = tl.arange(0, BC)
+    for I in tl.static_range(BT // BC - 1, -1, -1):
+        dqp, dap, dkp, qs, kh, ah, G = _block_terms(q_hat, k_hat, a, g, daqk, dakk, g_f, r0, eos, cols, m_c, o_t,
+                                                   scale, I, HV, K, BT, BC, DT, PREC)
+        rI = r0 + I * BC + o_c
+        mI = rI < eos
+        eg = tl.where(mI[:, None], tl.exp(G), 0.)
+        ekl = tl.where(mI[:, None], tl.exp(gl[None, :] - G), 0.)
+        b_dqg = load_tile(dqg, rI, mI, cols, m_c, HV * K, DT)
+        b_dkg = load_tile(dkg, rI, mI, cols, m_c, HV * K, DT)
+        b_dag = load_tile(dag, rI, mI, cols, m_c, HV * K, DT)
+        dG = (b_dqg * qs + b_dag * ah) * eg - b_dkg * kh * ekl + qs * dqp + ah * dap - kh * dkp
+        store_tile(dq, (b_dqg * eg + dqp) * scale, rI, mI, cols, m_c, HV * K)
+        store_tile(da, b_dag * eg + dap, rI, mI, cols, m_c, HV * K)
+        store_tile(dk, b_dkg * ekl + dkp, rI, mI, cols, m_c, HV * K)
+        store_tile(dg, tl.cumsum(dG, 0, reverse=True) + carry[None, :], rI, mI, cols, m_c, HV * K)
+        carry += tl.sum(dG, 0)
+
+
+@dataclass(frozen=True)
+class WYGrads:
+    """What ``qed_bwd_wy_kernel`` writes, in the state dtype: ``dqg, dkg, dag`` (the gradients of
+    ``qg``, ``kg``, ``a e^G``) and ``dwv`` (of ``w v``) ``[B, T, HV, K or V]``; ``dgl``
+    (``dgamma``, ``[NC, HV, K]``); ``daqk, dakk`` (of the score matrices, ``[B, T, HV, BT]``)."""
+
+    dqg: torch.Tensor
+    dkg: torch.Tensor
+    dag: torch.Tensor
+    dwv: torch.Tensor
+    dgl: torch.Tensor
+    daqk: torch.Tensor
+    dakk: torch.Tensor
+
+
+def chunk_bwd_wy(lay: ChunkLayout, *, ai, w, u, r, hs, dh, do, dr) -> WYGrads:
+    """Launch ``qed_bwd_wy_kernel`` (grid: chunks x value heads) on the forward's ``ai, w, u``
+    and residuals ``r``, the chunk-start states ``hs`` and chunk-end state gradients ``dh``
+    (``[NC, HV, K, V]``), ``do`` and the residual gradient ``dr``."""
+    B, T, HV, K = w.shape
+    V = u.shape[-1]
+    ct, dev = lay.state_dtype, w.device
+    bk = lambda n: torch.empty(B, T, HV, n, device=dev, dtype=ct)  # noqa: E731
+    out = WYGrads(dqg=bk(K), dkg=bk(K), dag=bk(K), dwv=bk(V), dgl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
+                  daqk=bk(BT), dakk=bk(BT))
+    qed_bwd_wy_kernel[lay.grid](
+        ai=ai, w=w, u=u, r=r, hs=hs, dh=dh, do=do, dr=dr, dqg=out.dqg, dkg=out.dkg, dgl=out.dgl, dag=out.dag,
+        daqk=out.daqk, dakk=out.dakk, dwv=out.dwv, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        HV=HV, K=K, V=V, BT=BT, BKS=min(WY_BWD_BKS, triton.next_power_of_2(K)),
+        BVS=min(WY_BWD_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_BWD_WARPS,
+        num_stages=1,
+    )
+    return out
+
+
+def chunk_bwd_scores(lay: ChunkLayout, *, q_hat, k_hat, a, g, wy_grads: WYGrads, scale: float):
+    """Launch ``qed_bwd_scores_kernel`` (grid: chunks x value heads x key slices) on the
+    per-value-head ``q_hat, k_hat, a`` and log-decay ``g`` ``[B, T, HV, K]`` and
+    :func:`chunk_bwd_wy`'s gradients; returns ``(dq_hat, dk_hat, da, dg)`` (state dtype)."""
+    B, T, HV, K = q_hat.shape
+    BKS = min(SCORES_BWD_BKS, triton.next_power_of_2(K))
+    dq, dk, da, dg = (torch.empty(B, T, HV, K, device=q_hat.device, dtype=lay.state_dtype) for _ in range(4))
+    x = wy_grads
+    qed_bwd_scores_kernel[(*lay.grid, triton.cdiv(K, BKS))](
+        q_hat=q_hat, k_hat=k_hat, a=a, g=g, daqk=x.daqk, dakk=x.dakk, dqg=x.dqg, dkg=x.dkg, dgl=x.dgl, dag=x.dag,
+        dq=dq, dk=dk, da=da, dg=dg, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
+        HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, PREC=lay.prec, num_warps=SCORES_BWD_WARPS, num_stages=1,
+    )
+    return dq, dk, da, dg
