@@ -53,7 +53,7 @@ from torch.autograd.function import once_differentiable
 from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
-from .chunk_intra import DirectionInputs, Prepared, Scores, chunk_prep_fwd, chunk_scores_fwd
+from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
 from .inputs import QEDProblem, check_qed_inputs, on_input_device
@@ -61,12 +61,14 @@ from .inputs import QEDProblem, check_qed_inputs, on_input_device
 
 @dataclass(frozen=True)
 class IntraChunk:
-    """Everything the intra-chunk launches produce: ``prep`` (row scalars, ``G``, ``kg, qg, dg``,
-    ``exp(G_last)``, probes), ``scores`` (``A_qk, A_kk, A_dk``), ``ai = (I + A_kk)^{-1}``
-    (``[B, T, HV, BT]``, intermediate dtype) and ``wy`` (``W, U``)."""
+    """What the intra-chunk launches produce and the scans read: ``prep`` (row scalars, ``G``,
+    ``kg, qg, a e^G, dg``, ``exp(G_last)``, probes), the score matrices ``aqk`` and (probes, else
+    ``None``) ``adk``, ``ai = (I + A_kk)^{-1}`` (``[B, T, HV, BT]``, intermediate dtype) and ``wy``
+    (``W, U``)."""
 
     prep: Prepared
-    scores: Scores
+    aqk: torch.Tensor
+    adk: torch.Tensor | None
     ai: torch.Tensor
     wy: WYFactors
 
@@ -99,7 +101,16 @@ def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayo
     scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
-    return IntraChunk(prep=prep, scores=scores, ai=ai, wy=wy)
+    return IntraChunk(prep=prep, aqk=scores.aqk, adk=scores.adk, ai=ai, wy=wy)
+
+
+def chunk_intra_recompute(x: DirectionInputs, v, w, g, aqk, ai, *, scale: float, lay: ChunkLayout,
+                          inter: torch.dtype) -> IntraChunk:
+    """The backward's :class:`IntraChunk` from the forward's saved ``aqk`` and ``ai``: only the
+    cheap launches run again (prep, W/U), not the score rows and the block inverse (as fla's
+    backward keeps ``A_qk`` and ``(I + A_kk)^{-1}`` and recomputes ``W, U, qg, kg``)."""
+    prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=False)
+    return IntraChunk(prep=prep, aqk=aqk, adk=None, ai=ai, wy=chunk_wy_fwd(prep.ag, v, w, ai, lay=lay))
 
 
 def _float64_guard(P: QEDProblem, fn):
@@ -127,7 +138,7 @@ def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=
 
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
              use_qk_l2norm, cu_seqlens):
-    """The forward launches (no autograd): ``(o, final_state, probes)``."""
+    """The forward launches (no autograd): ``(o, final_state, probes, intra)``."""
     inter, prec = _precision(P, q, k, v, b, w)
     lay = chunk_layout(P, cu_seqlens, q.device, prec)
     x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
@@ -139,30 +150,30 @@ def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_st
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
     h0 = initial_state.contiguous() if initial_state is not None else None
     hs, r = run_scan(P, lay, intra, h0=h0, ht=ht)
-    chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.scores.aqk, hs=hs, r=r, o=o,
-                     dg=intra.prep.dg if return_probes else None,
-                     adk=intra.scores.adk if return_probes else None, sd=sd)
+    chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o,
+                     dg=intra.prep.dg if return_probes else None, adk=intra.adk, sd=sd)
     probes = None
     if return_probes:
         probes = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
-    return o, ht, probes
+    return o, ht, probes, intra
 
 
 class _QEDChunkFunction(torch.autograd.Function):
     """Autograd for ``qed_chunk``: Triton forward, Triton backward (``chunk_bwd.py``).
 
     Differentiable outputs: ``o`` and the final state; probes are observations (no gradient).
-    Once differentiable (no double backward).
+    Once differentiable (no double backward). Saved besides the inputs: the forward's ``A_qk``
+    and ``(I + A_kk)^{-1}`` (two ``[B, T, HV, 64]`` tensors in the intermediate dtype).
     """
 
     @staticmethod
     def forward(ctx, opts, q, k, v, g, b, w, lam, d, initial_state):
         P, arm, z, output_final_state, return_probes, use_qk_l2norm, cu_seqlens = opts
         ctx.opts = opts
-        ctx.save_for_backward(q, k, v, g, b, w, lam, d, initial_state)
         ctx.set_materialize_grads(False)
-        o, ht, probes = _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state,
-                                 return_probes, use_qk_l2norm, cu_seqlens)
+        o, ht, probes, intra = _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state,
+                                        return_probes, use_qk_l2norm, cu_seqlens)
+        ctx.save_for_backward(q, k, v, g, b, w, lam, d, initial_state, intra.aqk, intra.ai)
         return o, ht, probes
 
     @staticmethod
@@ -170,12 +181,12 @@ class _QEDChunkFunction(torch.autograd.Function):
     @on_input_device
     def backward(ctx, do, dht, _dprobes):
         P, arm, z, _, _, use_qk_l2norm, cu_seqlens = ctx.opts
-        q, k, v, g, b, w, lam, d, h0 = ctx.saved_tensors
+        q, k, v, g, b, w, lam, d, h0, aqk, ai = ctx.saved_tensors
         inter, prec = _precision(P, q, k, v, b, w)
         lay = chunk_layout(P, cu_seqlens, q.device, prec)
         x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
-        intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
-                                inter=inter, probes=False)
+        intra = chunk_intra_recompute(x, v.contiguous(), w.contiguous(), g.contiguous(), aqk, ai, scale=P.scale,
+                                      lay=lay, inter=inter)
         states, r = run_scan(P, lay, intra, h0=h0.contiguous() if h0 is not None else None)
         return (None, *input_grads(ctx.needs_input_grad[1:], (q, k, v, g, b, w, lam, d, h0), arm, z,
                                    use_qk_l2norm, P, lay, intra, states, r, do, dht))
@@ -211,4 +222,4 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
         opts = (P, arm, z, output_final_state, return_probes, use_qk_l2norm, cu_seqlens)
         return _QEDChunkFunction.apply(opts, *diff)
     return _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
-                    use_qk_l2norm, cu_seqlens)
+                    use_qk_l2norm, cu_seqlens)[:3]

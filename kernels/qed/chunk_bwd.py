@@ -62,7 +62,7 @@ def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, r, lay, P):
     dr = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct)
     dh0 = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct)
     wy, prep = intra.wy, intra.prep
-    chunk_bwd_state(lay, w=wy.w, kg=prep.kg, qg=prep.qg, aqk=intra.scores.aqk, gl=prep.gl, do=do,
+    chunk_bwd_state(lay, w=wy.w, kg=prep.kg, qg=prep.qg, aqk=intra.aqk, gl=prep.gl, do=do,
                     dht=dht.contiguous() if dht is not None else None, dh=dh, dr=dr, dh0=dh0, T=P.T, N=P.N)
     grads = chunk_bwd_wy(lay, ai=intra.ai, w=wy.w, u=wy.u, r=r, hs=states, dh=dh, do=do, dr=dr)
     dq, dk, da, dg = chunk_bwd_scores(lay, q_hat=q_hat.contiguous(), k_hat=k_hat.contiguous(), a=a.contiguous(),

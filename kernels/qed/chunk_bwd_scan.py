@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_rows, scan_program, scan_ranges, state_block
+from .chunk_common import BT, ChunkLayout, scan_program, state_block
 
 STATE_BKP = 64
 """Key rows per piece of the carried state gradient (fla's ``blockdim64``): the ``[K, BV]``
