@@ -40,7 +40,9 @@ Precision: float32 arithmetic throughout; matrix products in tf32x3 for float32 
 tf32 (score rows, WY factors) / bf16 (state recurrence, as fla) for bf16 inputs; float64 inputs
 run in float64 (ieee products; on a GPU only for K, V <= 128, else a ValueError).
 
-Backward: ``chunk_bwd.py`` (autograd through ``qed_chunk`` when an input requires grad).
+Backward: ``chunk_bwd.py`` (autograd through ``qed_chunk`` when an input requires grad): the
+forward keeps ``A_qk`` and ``(I + A_kk)^{-1}``; the backward reruns the prep, W/U and state-scan
+launches at the forward's precision, then three backward launches.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-r"""Intra-chunk kernel of the ``qed_chunk`` backward: per-token gradients from the chunk's pieces.
+r"""Intra-chunk kernels of the ``qed_chunk`` backward: per-token gradients from the chunk's pieces.
 
 Per chunk (notation of ``chunk.py``; ``qs = scale q_hat``, ``Tm = (I + A_kk)^{-1}``,
 ``U = Tm (w v)``, ``W = Tm (a e^G)``, ``qg = qs e^G``, ``kg = k e^{G_last - G}``,
 ``gamma = e^{G_last}``, ``S0`` / ``dS1`` the chunk's start state / end-state gradient), given
-what ``chunk_bwd_scan`` produced (``R``, ``dU = dR``, ``dS1``)::
+the residuals ``R`` of the recomputed forward scan and what ``chunk_bwd_scan`` produced
+(``dR``, which is also ``dU``, and ``dS1``)::
 
     dqg = dO S0^T,  dW = -dR S0^T,  dkg = R dS1^T,  dgamma = sum_v S0 * dS1
     dA_qk   = dO R^T                                          (j <= t)
@@ -14,20 +15,19 @@ what ``chunk_bwd_scan`` produced (``R``, ``dU = dR``, ``dS1``)::
         dk_j += sum_t dA[t,j] x_t e^{G_t - G_j}
         dG   += x * dx(this term) - k * dk(this term)
     elementwise terms: dqs += dqg e^G, da += d(a e^G) e^G, dk += dkg e^{G_last - G},
-        dG += dqg qg + d(a e^G) a e^G - dkg kg,  dG_last += sum_t dkg kg + dgamma gamma
+        dG += dqg qg + d(a e^G) a e^G - dkg kg,  dG_last = sum_t dkg kg + dgamma gamma
     dg_t = sum_{s >= t} dG_s + dG_last                       (G is the cumsum of g)
 
-Two kernels: ``qed_bwd_wy_kernel`` (one program per chunk and head: every product over the
-value axis or over all keys: ``d(wv)``, ``dA_qk``, ``dqg, dkg, dgamma``, ``d(a e^G)``, ``dA_kk``,
-through the scratch buffers ``DQG, DKG, DGL, DAQK, DG`` and ``AKK``), then
-``qed_bwd_scores_kernel`` (one program per chunk, head and key slice: the rest is channel-local
-once ``dA`` is known). The score terms go by ``BC = 16``-token blocks: off-diagonal
-blocks as tensor-core products with a reference point inside the pair (both decay factors
-<= 1), diagonal blocks with exact per-element decays ``e^{G_t - G_j} <= 1`` (``t >= j``); so any
-``g <= 0`` is safe. ``dA_kk`` is written over the ``AKK`` scratch (it held ``Tm``); the score
-terms go to ``DQ, DA, DK`` and ``d(a e^G)`` to ``DG`` first, read back in the final pass. Key
-channels are handled in slices of ``BKS`` (every term above is channel-local once ``dA`` is
-known). Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, ``d(wv)``.
+Two kernels, each behind a typed wrapper: ``qed_bwd_wy_kernel`` (:func:`chunk_bwd_wy`, one
+program per chunk and value head: every product over the value axis or over all keys, into
+:class:`WYGrads`), then ``qed_bwd_scores_kernel`` (:func:`chunk_bwd_scores`, one program per
+chunk, value head and key slice of ``BKS`` channels: the rest is channel-local once ``dA`` is
+known). The scores kernel walks the chunk's ``BC = 16``-token row blocks from the last: each
+block's score terms (off-diagonal blocks as tensor-core products with a reference point inside
+the pair, both decay factors <= 1; diagonal blocks with exact per-element decays
+``e^{G_t - G_j} <= 1``, ``t >= j``; so any ``g <= 0`` is safe), its elementwise terms, and its
+rows of ``dg`` with the later blocks' sum of ``dG`` carried, so every output is written once.
+Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, ``d(wv)``.
 """
 from __future__ import annotations
 
@@ -44,9 +44,13 @@ WY_BWD_BVS = 16
 WY_BWD_WARPS = 8
 """Key slice, value slice and warps of ``qed_bwd_wy_kernel`` (by rule; at BVS 32 it spills,
 ptxas sm_90, docs/BENCHMARKS.md)."""
-SCORES_BWD_BKS = 32
-SCORES_BWD_WARPS = 8
-"""Key slice and warps of ``qed_bwd_scores_kernel``."""
+
+
+def scores_bwd_config(prec: str) -> tuple[int, int]:
+    """``(BKS, num_warps)`` of ``qed_bwd_scores_kernel``, by rule from the product precision:
+    tf32x3 (float32 inputs) splits every operand in two and spills at 32 channels / 8 warps, not
+    at 16 / 4 (ptxas sm_90, docs/BENCHMARKS.md)."""
+    return (16, 4) if prec == "tf32x3" else (32, 8)
 
 
 @triton.jit
@@ -298,12 +302,13 @@ def chunk_bwd_scores(lay: ChunkLayout, *, q_hat, k_hat, a, g, wy_grads: WYGrads,
     per-value-head ``q_hat, k_hat, a`` and log-decay ``g`` ``[B, T, HV, K]`` and
     :func:`chunk_bwd_wy`'s gradients; returns ``(dq_hat, dk_hat, da, dg)`` (state dtype)."""
     B, T, HV, K = q_hat.shape
-    BKS = min(SCORES_BWD_BKS, triton.next_power_of_2(K))
+    BKS, num_warps = scores_bwd_config(lay.prec)
+    BKS = min(BKS, triton.next_power_of_2(K))
     dq, dk, da, dg = (torch.empty(B, T, HV, K, device=q_hat.device, dtype=lay.state_dtype) for _ in range(4))
     x = wy_grads
     qed_bwd_scores_kernel[(*lay.grid, triton.cdiv(K, BKS))](
         q_hat=q_hat, k_hat=k_hat, a=a, g=g, daqk=x.daqk, dakk=x.dakk, dqg=x.dqg, dkg=x.dkg, dgl=x.dgl, dag=x.dag,
         dq=dq, dk=dk, da=da, dg=dg, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
-        HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, PREC=lay.prec, num_warps=SCORES_BWD_WARPS, num_stages=1,
+        HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=1,
     )
     return dq, dk, da, dg
