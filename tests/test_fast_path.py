@@ -22,6 +22,14 @@ PROMPTS = [[5, 17, 33, 2, 8, 61, 90], [44], [7, 7, 12], list(range(1, 40)), [3, 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "recall-full-s1"
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test compiles from scratch (what it counts), and no test inherits another's graphs."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def passes(model, prompts, steps=3):
     """The packed prefill's logits and states, then ``steps`` greedy decode steps' logits (eager
     steps on CPU), under ``torch.inference_mode``."""
@@ -139,6 +147,10 @@ def test_hooks_grad_and_packed_states_take_the_plain_path():
             model.run_blocks(packed.ids, states=states, cu_seqlens=packed.cu_seqlens, scales=None,
                              want_state=True)  # continuing packed sequences: plain
             assert graphs.count == 2
+    before = torch._dynamo.config.recompile_limit
+    with fast_path(model):  # every layout, dtype and model shape of a process fits under the limit
+        assert torch._dynamo.config.recompile_limit == max(before, 64)
+    assert torch._dynamo.config.recompile_limit == before
     with pytest.raises(ValueError, match="`backend` must be"):
         with fast_path(model, backend=3):
             pass

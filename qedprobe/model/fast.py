@@ -60,6 +60,11 @@ __all__ = ["FastPath", "TokenLayout", "fast_path", "active_fast_path", "fast_pat
 COMPILE_OPTIONS = {"emulate_precision_casts": True}
 """inductor options: round to the model's dtype where the plain path does (bf16 between ops)."""
 
+RECOMPILE_LIMIT = 64
+"""dynamo's compiles per region kept inside a :func:`fast_path` block (torch's default is 8): each
+input layout, dtype, model shape and backend a process runs is one, and past the limit a
+``fullgraph`` region fails instead of running."""
+
 
 @dataclass(frozen=True)
 class FastPath:
@@ -73,7 +78,7 @@ class FastPath:
 def fast_path(model, backend="inductor"):
     """Inside this block ``model.run_blocks`` (prefill passes, decode steps, ``generate``) takes
     the fast path where it applies (module doc); ``backend=None`` runs the same fused regions
-    without compiling them."""
+    without compiling them. The block raises dynamo's recompile limit to :data:`RECOMPILE_LIMIT`."""
     if not (backend is None or isinstance(backend, str) or callable(backend)):
         raise ValueError(f"fast_path: `backend` must be None, a torch.compile backend name or a callable, "
                          f"got {backend!r}")
@@ -81,8 +86,10 @@ def fast_path(model, backend="inductor"):
         raise ValueError(f"fast_path: {type(model).__name__} has no fast path (QEDModel has)")
     previous = model.fast_path
     model.fast_path = FastPath(backend)
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
-        yield model
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            yield model
     finally:
         model.fast_path = previous
 
