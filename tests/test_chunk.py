@@ -60,6 +60,15 @@ def test_state_carry_two_halves():
     assert max_diff(torch.cat([p1["Sd"], p2["Sd"]], 1), whole[2]["Sd"]) < 1e-10
 
 
+def test_varlen_chunk_layout_is_built_once_per_packing():
+    from qedprobe.kernels.qed.chunk_common import varlen_chunks
+    bounds = ((0, 0, 37), (0, 37, 101), (0, 101, 171), (0, 171, 172))  # 1, 1, 2 and 1 chunks of 64
+    idx, offs = varlen_chunks(bounds, torch.device("cpu"))
+    assert idx.tolist() == [[0, 0], [1, 0], [2, 0], [2, 1], [3, 0]] and offs.tolist() == [0, 1, 2, 4]
+    again = varlen_chunks(tuple(bounds), torch.device("cpu"))  # the next layer of the same pass
+    assert again[0] is idx and again[1] is offs
+
+
 def test_varlen_equals_separate_runs():
     lens = [37, 64, 70, 1]
     T = sum(lens)

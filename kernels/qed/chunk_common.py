@@ -12,6 +12,7 @@ Per-token tensors are laid out ``[B * T, H, N]`` (row stride ``H * N``); states 
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -52,18 +53,27 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.lru_cache(maxsize=8)
+def varlen_chunks(seq_bounds: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chunk_indices [NC, 2], chunk_offsets [N])`` (int32, on ``device``) of packed sequences
+    ``seq_bounds`` (``(row, bos, eos)`` each): per chunk its sequence and its chunk within it, per
+    sequence its first chunk. Kept for the last few layouts, so the layers of one packed pass
+    (and the passes over the same prompts) build them once; the kernels only read them."""
+    idx, offs = [], []
+    for n, (_, bos, eos) in enumerate(seq_bounds):
+        offs.append(len(idx))
+        idx.extend((n, i) for i in range(triton.cdiv(eos - bos, BT)))
+    return (torch.tensor(idx, dtype=torch.int32, device=device),
+            torch.tensor(offs, dtype=torch.int32, device=device))
+
+
 def chunk_layout(problem, cu_seqlens, device, prec: str) -> ChunkLayout:
     """The :class:`ChunkLayout` of a validated call (``problem``: ``inputs.QEDProblem``)."""
     P = problem
     if cu_seqlens is not None:
-        idx, offs = [], []
-        for n, (_, bos, eos) in enumerate(P.seq_bounds):
-            offs.append(len(idx))
-            idx.extend((n, i) for i in range(triton.cdiv(eos - bos, BT)))
-        chunk_indices = torch.tensor(idx, dtype=torch.int32, device=device)
-        chunk_offsets = torch.tensor(offs, dtype=torch.int32, device=device)
+        chunk_indices, chunk_offsets = varlen_chunks(P.seq_bounds, torch.device(device))
         cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
-        NC, grid = len(idx), (len(idx), P.HV)
+        NC, grid = len(chunk_indices), (len(chunk_indices), P.HV)
     else:
         chunk_indices = chunk_offsets = cu = None
         NC, grid = P.B * triton.cdiv(P.T, BT), (triton.cdiv(P.T, BT), P.B * P.HV)
