@@ -25,6 +25,7 @@ export ARMS=${ARMS:-gdn2 full} SEEDS=${SEEDS:-0 1} GPU_IDS=${GPU_IDS:-0} PREFIX=
 RUNS=/tmp/probe CKPT=/tmp/probe-ckpt EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40 $RECIPE" \
     bash scripts/train_checkpoints.sh | tee /tmp/probe.txt
 STEP_S=$(awk '/s\/step/ {for (i = 1; i < NF; i++) if ($(i + 1) == "s/step") print $i}' /tmp/probe.txt | sort -g | tail -1)
+[[ -n "$STEP_S" ]] || { echo "every probe run failed (see /tmp/probe/*.stdout): no training"; exit 1; }
 LEFT=$((BUDGET - ($(date +%s) - START) - 120))  # then 15 % slack on the step time:
 STEPS=$(python3 -c "print(max(200, int($LEFT / ($STEP_S * 1.15)) // 100 * 100))")
 echo "probe: $STEP_S s/step (slowest run); $LEFT s left -> $STEPS steps"

@@ -145,18 +145,17 @@ def _row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexp
 
 
 @triton.jit
-def _head_pointers(q, k, b, z, d_in, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr):
-    """The direction inputs moved to value head ``i_hv`` (``q, k`` to its query/key head)."""
+def _head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr):
+    """The direction inputs moved to value head ``i_hv`` (``q, k`` to its query/key head).
+
+    The optional ``z`` and ``d_in`` are moved by the caller: a Triton function cannot return an
+    absent (``None``) pointer."""
     i_h = i_hv // (HV // H)
     q += i_h * K
     k += i_h * K
     b += i_hv * K
     lam += i_hv
-    if z is not None:
-        z += i_hv * K
-    if d_in is not None:
-        d_in += i_hv * K
-    return q, k, b, z, d_in, lam
+    return q, k, b, lam
 
 
 # ------------------------------------------------------------------------------- prep kernel
@@ -177,7 +176,11 @@ def qed_prep_kernel(
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
-    q, k, b, z, d_in, lam = _head_pointers(q, k, b, z, d_in, lam, i_hv, H, HV, K)
+    q, k, b, lam = _head_pointers(q, k, b, lam, i_hv, H, HV, K)
+    if z is not None:
+        z += i_hv * K
+    if d_in is not None:
+        d_in += i_hv * K
     lam_f = _row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
 
     # ---- 1: row statistics over all of K, per-row scalars, probes rho and e
@@ -318,7 +321,11 @@ def qed_scores_kernel(
     r_s = c0 + i_i * BC                          # reference row: the block's first
     if r_s >= eos:
         return
-    q, k, b, z, d_in, lam = _head_pointers(q, k, b, z, d_in, lam, i_hv, H, HV, K)
+    q, k, b, lam = _head_pointers(q, k, b, lam, i_hv, H, HV, K)
+    if z is not None:
+        z += i_hv * K
+    if d_in is not None:
+        d_in += i_hv * K
     gc += i_hv * K
     rq += i_hv
     rk += i_hv
