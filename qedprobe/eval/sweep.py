@@ -470,8 +470,9 @@ def _default_batch(length, device_type, batch_tokens):
 
 
 MAX_BATCH_TOKENS = 2 ** 20
-"""The most prompt tokens :func:`memory_batch_tokens` packs into one call (the recurrence kernels
-index ``tokens x heads x head_dim`` elements in int32: 2^20 x 6 x 128 for the 340M shape)."""
+"""The most prompt tokens :func:`memory_batch_tokens` packs into one call: the recurrence's
+Triton kernels compute element offsets ``token x heads x head_dim`` in int32, which stays below
+2^31 for ``heads x head_dim <= 2048`` (768 for the 340M shape)."""
 
 
 def prefill_bytes_per_token(cfg) -> int:
