@@ -5,7 +5,7 @@ ptxas Triton itself uses for sm_90) and print shared memory, registers and spill
 
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
-``--warps``); ``bwd``: the three backward kernels the same way (bf16 inputs, or ``--fp32``). It reproduced the
+``--warps``); ``bwd``: the four backward kernels the same way (bf16 inputs, or ``--fp32``). It reproduced the
 device's shared-memory figure (294912 B for the float32 scan with two stages) exactly, so
 configurations can be screened here before spending device time.
 """
@@ -30,6 +30,7 @@ from triton.runtime.jit import JITFunction
 from qedprobe.kernels.qed import chunk_intra, chunk_wy
 from qedprobe.kernels.qed.chunk_bwd_intra import (WY_BWD_BKS, WY_BWD_BVS, WY_BWD_WARPS, qed_bwd_scores_kernel,
                                                    qed_bwd_wy_kernel, scores_bwd_config)
+from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
 from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, OUTPUT_WARPS, qed_output_kernel, qed_state_kernel, state_config
@@ -123,7 +124,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):
-    """The three backward kernels as ``chunk_bwd.core_backward`` launches them for bf16 inputs
+    """The four backward kernels as ``chunk_bwd`` launches them for bf16 inputs
     (forward buffers bf16, float32 gradients and state) or, with ``fp32``, float32 inputs (tf32x3)."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
     print(f"--- backward, {io} inputs, float32 state, K={K} V={V}")
@@ -134,9 +135,17 @@ def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool =
                   chunk_offsets=None),
              warps or STATE_WARPS)
     compile_(qed_bwd_wy_kernel,
-             dict(ptr("ai w u r hs dh do", f"*{io}"), **ptr("dr dqg dkg dgl dag daqk dakk dwv", "*fp32"), T="i32"),
+             dict(ptr("ai w u r hs dh do v w_gate", f"*{io}"), **ptr("dr dqg dkg dgl dag daqk dakk dv dw", "*fp32"),
+                  T="i32"),
              dict(common, BKS=min(WY_BWD_BKS, K), BVS=min(WY_BWD_BVS, V), chunk_indices=None),
              warps or WY_BWD_WARPS)
+    compile_(qed_prep_bwd_kernel,
+             dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", **ptr("rq rk cp gq gk ga dq dk db dlam", "*fp32"),
+                  T="i32"),
+             dict(H=H, HV=H, K=K, BT=BT, BKS=min(PREP_BWD_BKS, K), L2NORM=True, **FULL, DT=tl.float32,
+                  LAM_TOKEN=False, IS_VARLEN=False, STORE_DD=False, z=None, d_in=None, dd=None, cu_seqlens=None,
+                  chunk_indices=None),
+             warps or PREP_BWD_WARPS)
     bks, scores_warps = scores_bwd_config(prec)
     compile_(qed_bwd_scores_kernel,
              dict(ptr("q_hat k_hat a g daqk dakk dqg dkg dgl dag dq dk da dg", "*fp32"), T="i32", scale="fp32"),

@@ -37,24 +37,27 @@ from __future__ import annotations
 import torch
 
 from .chunk_bwd_intra import chunk_bwd_scores, chunk_bwd_wy
+from .chunk_bwd_prep import chunk_prep_bwd
 from .chunk_bwd_scan import chunk_bwd_state
+from .chunk_intra import DirectionInputs
 from .naive import prepare_qed
 
 
-def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, r, lay, P):
+def core_backward(q_hat, k_hat, a, g, v, w, do, dht, intra, states, r, lay, P):
     """Gradients w.r.t. the effective per-token inputs of one ``qed_chunk`` call.
 
     Args:
         q_hat, k_hat, a: ``[B, T, HV, K]`` (state dtype) normalised query and key (expanded to the
             value heads) and erase vector.
-        g: ``[B, T, HV, K]`` log-decay as given to the forward.
+        g: ``[B, T, HV, K]`` log-decay as given to the forward; v, w: values and write gate
+            ``[B, T, HV, V]`` (contiguous).
         do: ``[B, T, HV, V]`` gradient of ``o`` (or ``None``); dht: ``[N, HV, K, V]`` or ``None``.
         intra: the call's ``chunk.IntraChunk``; states: ``[NC, HV, K, V]`` chunk-start states and
             r: ``[B, T, HV, V]`` residuals (both in the intermediate dtype).
         lay: the call's ``chunk_common.ChunkLayout``; P: its ``inputs.QEDProblem``.
 
     Returns:
-        ``(dq_hat, dk_hat, da, dwv, dg, dh0)`` in the state dtype, per value head.
+        ``(dq_hat, dk_hat, da, dv, dw, dg, dh0)`` in the state dtype, per value head.
     """
     ct, dev = lay.state_dtype, states.device
     do = torch.zeros(P.B, P.T, P.HV, P.V, device=dev, dtype=r.dtype) if do is None else do.contiguous()
@@ -64,36 +67,30 @@ def core_backward(q_hat, k_hat, a, g, do, dht, intra, states, r, lay, P):
     wy, prep = intra.wy, intra.prep
     chunk_bwd_state(lay, w=wy.w, kg=prep.kg, qg=prep.qg, aqk=intra.aqk, gl=prep.gl, do=do,
                     dht=dht.contiguous() if dht is not None else None, dh=dh, dr=dr, dh0=dh0, T=P.T, N=P.N)
-    grads = chunk_bwd_wy(lay, ai=intra.ai, w=wy.w, u=wy.u, r=r, hs=states, dh=dh, do=do, dr=dr)
+    grads = chunk_bwd_wy(lay, ai=intra.ai, w=wy.w, u=wy.u, r=r, hs=states, dh=dh, do=do, dr=dr, v=v, w_gate=w)
     dq, dk, da, dg = chunk_bwd_scores(lay, q_hat=q_hat.contiguous(), k_hat=k_hat.contiguous(), a=a.contiguous(),
-                                      g=g.contiguous(), wy_grads=grads, scale=P.scale)
-    return dq, dk, da, grads.dwv, dg, dh0
+                                      g=g, wy_grads=grads, scale=P.scale)
+    return dq, dk, da, grads.dv, grads.dw, dg, dh0
 
 
-def input_grads(needs, saved, arm, z, use_qk_l2norm, P, lay, intra, states, r, do, dht):
-    """Gradients for ``(q, k, v, g, b, w, lam, d, initial_state)`` (``None`` where not needed).
+def input_grads(needs, saved, x: DirectionInputs, arm, z, P, lay, intra, states, r, do, dht):
+    """Gradients for ``(q, k, v, g, b, w, lam, d, initial_state)`` (``None`` where not needed),
+    each in its input's dtype.
 
-    ``needs``: which of them require a gradient; ``saved``: the tensors themselves; ``P``: the
-    call's ``QEDProblem``; ``lay, intra, states, r``: as :func:`core_backward`; ``do, dht``: the
-    incoming gradients of ``o`` and the final state (either may be ``None``). The map from the
-    per-value-head ``q_hat, k_hat`` back to ``q, k`` (autograd through ``prepare_qed``) sums the
-    gradients over each group of value heads.
+    ``needs``: which of them require a gradient; ``saved``: the tensors themselves; ``x``: the
+    call's ``chunk_intra.DirectionInputs``; ``P``: its ``QEDProblem``; ``lay, intra, states, r``:
+    as :func:`core_backward`; ``do, dht``: the incoming gradients of ``o`` and the final state
+    (either may be ``None``). ``chunk_bwd_prep`` maps the per-value-head gradients of ``q_hat,
+    k_hat, a`` back to ``q, k, b, lam, d`` (summing ``q, k`` over each group of value heads).
     """
-    leaves = [x.detach().requires_grad_(n) if x is not None else None for x, n in zip(saved, needs)]
-    q, k, v, g, b, w, lam, d, _ = leaves
-    with torch.enable_grad():
-        q_hat, k_hat, _, _, a = prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, P)
-        wv = w.to(P.compute_dtype) * v.to(P.compute_dtype)
-    dq_hat, dk_hat, da, dwv, dg, dh0 = core_backward(q_hat.detach(), k_hat.detach(), a.detach(), saved[3],
-                                                     do, dht, intra, states, r, lay, P)
-    pairs = [(t, dt) for t, dt in ((q_hat, dq_hat), (k_hat, dk_hat), (a, da), (wv, dwv)) if t.requires_grad]
-    mapped = {}
-    wanted = [i for i in (0, 1, 2, 4, 5, 6, 7) if needs[i]]
-    if wanted and pairs:
-        outs, grads = zip(*pairs)
-        found = torch.autograd.grad(outs, [leaves[i] for i in wanted], grads, allow_unused=True)
-        mapped = dict(zip(wanted, found))
-    result = [mapped.get(i) for i in range(9)]
-    result[3] = dg.to(g.dtype) if needs[3] else None
-    result[8] = dh0 if needs[8] else None
-    return tuple(result)
+    q, k, v, g, b, w, lam, d, _ = saved
+    with torch.no_grad():
+        q_hat, k_hat, _, _, a = prepare_qed(q, k, b, lam, arm, z, d, x.l2norm, P)
+    dq_hat, dk_hat, da, dv, dw, dg, dh0 = core_backward(q_hat, k_hat, a, g.contiguous(), v.contiguous(),
+                                                        w.contiguous(), do, dht, intra, states, r, lay, P)
+    prep = intra.prep
+    dq, dk, db, dd, dlam = chunk_prep_bwd(x, lay, rq=prep.rq, rk=prep.rk, cp=prep.cp, gq=dq_hat, gk=dk_hat, ga=da)
+    if lam.dim() == 1:
+        dlam = dlam.sum((0, 1))
+    grads = (dq, dk, dv, dg, db, dw, dlam, dd, dh0)
+    return tuple(gr.to(t.dtype) if (n and gr is not None) else None for gr, t, n in zip(grads, saved, needs))

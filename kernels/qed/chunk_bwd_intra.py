@@ -27,7 +27,7 @@ block's score terms (off-diagonal blocks as tensor-core products with a referenc
 the pair, both decay factors <= 1; diagonal blocks with exact per-element decays
 ``e^{G_t - G_j} <= 1``, ``t >= j``; so any ``g <= 0`` is safe), its elementwise terms, and its
 rows of ``dg`` with the later blocks' sum of ``dG`` carried, so every output is written once.
-Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, ``d(wv)``.
+Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, and ``dv, dw`` from ``d(wv)``.
 """
 from __future__ import annotations
 
@@ -145,14 +145,14 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, g_f, r0, eos, cols, m_c, o_t, scale,
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=["T"])
 def qed_bwd_wy_kernel(
-    ai, w, u, r, hs, dh, do, dr, dqg, dkg, dgl, dag, daqk, dakk, dwv,
+    ai, w, u, r, hs, dh, do, dr, v, w_gate, dqg, dkg, dgl, dag, daqk, dakk, dv, dw,
     cu_seqlens, chunk_indices, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     BVS: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk: ``d(wv)``, ``dA_qk``, ``dqg, dkg, dgamma``, ``d(a e^G)`` and ``dA_kk``: every
-    term that sums over the value axis or over all keys. Products take their operands in the
-    dtype of ``ai`` and accumulate in ``DT``."""
+    """Per chunk: ``d(wv)`` (written as ``dv = d(wv) w_gate``, ``dw = d(wv) v``), ``dA_qk``,
+    ``dqg, dkg, dgamma``, ``d(a e^G)`` and ``dA_kk``: every term that sums over the value axis or
+    over all keys. Products take their operands in the dtype of ``ai`` and accumulate in ``DT``."""
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
@@ -165,11 +165,12 @@ def qed_bwd_wy_kernel(
     # ---- over value blocks: d(wv) = Tm^T dR (an output), dA_kk -= d(wv) U^T, dA_qk = dO R^T
     b_dakk = tl.zeros([BT, BT], dtype=DT)
     b_daqk = tl.zeros([BT, BT], dtype=DT)
-    u, r, do, dr, dwv = shifted((u, r, do, dr, dwv), i_hv * V)
+    u, r, do, dr, v, w_gate, dv, dw = shifted((u, r, do, dr, v, w_gate, dv, dw), i_hv * V)
     for i_v in range(tl.cdiv(V, BVS)):
         cols, m_c = channel_slice(i_v, BVS, V)
         b_dwv = tl.dot(tl.trans(Tm), load_tile(dr, rows, m_t, cols, m_c, HV * V, DT).to(OP), input_precision=PREC)
-        store_tile(dwv, b_dwv, rows, m_t, cols, m_c, HV * V)
+        store_tile(dv, b_dwv * load_tile(w_gate, rows, m_t, cols, m_c, HV * V, DT), rows, m_t, cols, m_c, HV * V)
+        store_tile(dw, b_dwv * load_tile(v, rows, m_t, cols, m_c, HV * V, DT), rows, m_t, cols, m_c, HV * V)
         b_dakk -= tl.dot(b_dwv.to(OP), tl.trans(load_tile(u, rows, m_t, cols, m_c, HV * V, DT).to(OP)),
                          input_precision=PREC)
         b_daqk += tl.dot(load_tile(do, rows, m_t, cols, m_c, HV * V, DT).to(OP),
@@ -265,31 +266,33 @@ def qed_bwd_scores_kernel(
 @dataclass(frozen=True)
 class WYGrads:
     """What ``qed_bwd_wy_kernel`` writes, in the state dtype: ``dqg, dkg, dag`` (the gradients of
-    ``qg``, ``kg``, ``a e^G``) and ``dwv`` (of ``w v``) ``[B, T, HV, K or V]``; ``dgl``
-    (``dgamma``, ``[NC, HV, K]``); ``daqk, dakk`` (of the score matrices, ``[B, T, HV, BT]``)."""
+    ``qg``, ``kg``, ``a e^G``) ``[B, T, HV, K]``, ``dv, dw`` (of the values and the write gate)
+    ``[B, T, HV, V]``; ``dgl`` (``dgamma``, ``[NC, HV, K]``); ``daqk, dakk`` (of the score
+    matrices, ``[B, T, HV, BT]``)."""
 
     dqg: torch.Tensor
     dkg: torch.Tensor
     dag: torch.Tensor
-    dwv: torch.Tensor
+    dv: torch.Tensor
+    dw: torch.Tensor
     dgl: torch.Tensor
     daqk: torch.Tensor
     dakk: torch.Tensor
 
 
-def chunk_bwd_wy(lay: ChunkLayout, *, ai, w, u, r, hs, dh, do, dr) -> WYGrads:
+def chunk_bwd_wy(lay: ChunkLayout, *, ai, w, u, r, hs, dh, do, dr, v, w_gate) -> WYGrads:
     """Launch ``qed_bwd_wy_kernel`` (grid: chunks x value heads) on the forward's ``ai, w, u``
     and residuals ``r``, the chunk-start states ``hs`` and chunk-end state gradients ``dh``
-    (``[NC, HV, K, V]``), ``do`` and the residual gradient ``dr``."""
+    (``[NC, HV, K, V]``), ``do``, the residual gradient ``dr``, the values and the write gate."""
     B, T, HV, K = w.shape
     V = u.shape[-1]
     ct, dev = lay.state_dtype, w.device
     bk = lambda n: torch.empty(B, T, HV, n, device=dev, dtype=ct)  # noqa: E731
-    out = WYGrads(dqg=bk(K), dkg=bk(K), dag=bk(K), dwv=bk(V), dgl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
+    out = WYGrads(dqg=bk(K), dkg=bk(K), dag=bk(K), dv=bk(V), dw=bk(V), dgl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                   daqk=bk(BT), dakk=bk(BT))
     qed_bwd_wy_kernel[lay.grid](
-        ai=ai, w=w, u=u, r=r, hs=hs, dh=dh, do=do, dr=dr, dqg=out.dqg, dkg=out.dkg, dgl=out.dgl, dag=out.dag,
-        daqk=out.daqk, dakk=out.dakk, dwv=out.dwv, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        ai=ai, w=w, u=u, r=r, hs=hs, dh=dh, do=do, dr=dr, v=v, w_gate=w_gate, dqg=out.dqg, dkg=out.dkg,
+        dgl=out.dgl, dag=out.dag, daqk=out.daqk, dakk=out.dakk, dv=out.dv, dw=out.dw, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BKS=min(WY_BWD_BKS, triton.next_power_of_2(K)),
         BVS=min(WY_BWD_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_BWD_WARPS,
         num_stages=1,

@@ -50,7 +50,7 @@ arguments' sizes and dtypes, never on earlier calls; ptxas figures in docs/BENCH
 
 # ------------------------------------------------------------------- direction and erase vector
 @triton.jit
-def _raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
+def raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
                    DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
     """The arm's unnormalised, unprojected direction ``x`` on one ``[rows, cols]`` slice, from
     ``q`` (already scaled by its norm factor, or raw), ``z`` (this value head's) or the given ``d``."""
@@ -86,7 +86,7 @@ def _stats(q, k, b, z, d_in, rows, m_r, H: tl.constexpr, HV: tl.constexpr, K: tl
         kk += tl.sum(b_k * b_k, 1)
         kq += tl.sum(b_k * b_q, 1)
         bkk += tl.sum(b_b * b_k * b_k, 1)
-        kx += tl.sum(b_k * _raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE,
+        kx += tl.sum(b_k * raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE,
                                           DIR_GATED, DT), 1)
     return qq, kk, kq, bkk, kx
 
@@ -110,7 +110,7 @@ def _scalars(qq, kk, kq, bkk, kx, lam_r, L2NORM: tl.constexpr, DIR_SOURCE: tl.co
 
 
 @triton.jit
-def _erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.constexpr,
+def erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.constexpr,
                 HV: tl.constexpr, K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
                 DT: tl.constexpr):
     """Normalised ``q, k``, the direction ``d = x - c k`` and the erase vector ``a = b k + lam d``
@@ -118,7 +118,7 @@ def _erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.
     b_q = load_tile(q, rows, m_r, cols, m_c, H * K, DT) * rq[:, None]
     b_k = load_tile(k, rows, m_r, cols, m_c, H * K, DT) * rk[:, None]
     b_b = load_tile(b, rows, m_r, cols, m_c, HV * K, DT)
-    b_d = _raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE, DIR_GATED, DT) \
+    b_d = raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE, DIR_GATED, DT) \
         - c[:, None] * b_k
     b_a = b_b * b_k + lam_r[:, None] * b_d
     return b_q, b_k, b_a, b_d
@@ -136,7 +136,7 @@ def _row_lam(lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.conste
 
 
 @triton.jit
-def _row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
+def row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
     """The per-row scalars the prep kernel stored (``rq, rk, c``) and lambda, for rows ``r``."""
     rq = tl.load(RQ + r * HV, mask=m, other=0.).to(DT)
     rk = tl.load(RK + r * HV, mask=m, other=0.).to(DT)
@@ -198,7 +198,7 @@ def qed_prep_kernel(
     off = i_hv * K
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
-        b_q, b_k, b_a, b_d = _erase_rows(q, k, b, z, d_in, rows, m_t, cols, m_c, b_rq, b_rk, b_c, lam_f,
+        b_q, b_k, b_a, b_d = erase_rows(q, k, b, z, d_in, rows, m_t, cols, m_c, b_rq, b_rk, b_c, lam_f,
                                        H, HV, K, DIR_SOURCE, DIR_GATED, DT)
         b_g = load_tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
         b_G = tl.cumsum(b_g, 0)
@@ -338,7 +338,7 @@ def qed_scores_kernel(
     r_e = tl.minimum(r_s + BC - 1, eos - 1)     # last valid row of the block
     r_i = r_s + o_c
     m_i = r_i < eos
-    rq_i, rk_i, c_i, l_i = _row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
+    rq_i, rk_i, c_i, l_i = row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
     rk_f = tl.load(rk + rows * HV, mask=jm, other=0.).to(DT)
     span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
     for i_k in range(tl.cdiv(K, BKS)):
@@ -355,7 +355,7 @@ def qed_scores_kernel(
         G_f = load_tile(gc, rows, jm, cols, m_c, HV * K, DT)
         k_f = load_tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
         G_i = load_tile(gc, r_i, m_i, cols, m_c, HV * K, DT)
-        b_q, _k, b_a, b_d = _erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
+        b_q, _k, b_a, b_d = erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
                                        H, HV, K, DIR_SOURCE, DIR_GATED, DT)
         e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
         kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
