@@ -111,7 +111,7 @@ def qed_dstate_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     dS = ()
-    for i in tl.static_range(tl.cdiv(K, BKP)):
+    for i in tl.static_range((K + BKP - 1) // BKP):
         dS = dS + (tl.zeros([BKP, BV], dtype=DT),)
     if USE_DHT:
         dS = _state_pieces(dht, i_nh, o_v, m_v, dS, K, V, BKP, True)
