@@ -28,8 +28,8 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from qedprobe.kernels.qed import chunk_intra, chunk_wy
-from qedprobe.kernels.qed.chunk_bwd_intra import (WY_BWD_BKS, WY_BWD_BVS, WY_BWD_WARPS, qed_bwd_scores_kernel,
-                                                   qed_bwd_wy_kernel, scores_bwd_config)
+from qedprobe.kernels.qed.chunk_bwd_intra import (SCORES_BWD_BKS, SCORES_BWD_WARPS, WY_BWD_BKS, WY_BWD_BVS,
+                                                   WY_BWD_WARPS, qed_bwd_scores_kernel, qed_bwd_wy_kernel)
 from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
@@ -146,12 +146,13 @@ def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool =
                   LAM_TOKEN=False, IS_VARLEN=False, STORE_DD=False, z=None, d_in=None, dd=None, cu_seqlens=None,
                   chunk_indices=None),
              warps or PREP_BWD_WARPS)
-    bks, scores_warps = scores_bwd_config(prec)
     compile_(qed_bwd_scores_kernel,
-             dict(ptr("q_hat k_hat a g daqk dakk dqg dkg dgl dag dq dk da dg", "*fp32"), T="i32", scale="fp32"),
-             dict(HV=H, K=K, BT=BT, BC=BC, BKS=min(bks, K), IS_VARLEN=False, DT=tl.float32, PREC=prec,
-                  cu_seqlens=None, chunk_indices=None),
-             warps or scores_warps)
+             dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32",
+                  **ptr("rq rk cp g daqk dakk dqg dkg dgl dag dq dk da dg", "*fp32"), T="i32", scale="fp32"),
+             dict(H=H, HV=H, K=K, BT=BT, BC=BC, BKS=min(SCORES_BWD_BKS, K), DIR_SOURCE=FULL["DIR_SOURCE"],
+                  DIR_GATED=FULL["DIR_GATED"], LAM_TOKEN=False, IS_VARLEN=False, DT=tl.float32, PREC=prec,
+                  z=None, d_in=None, cu_seqlens=None, chunk_indices=None),
+             warps or SCORES_BWD_WARPS)
 
 
 def main():

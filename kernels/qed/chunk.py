@@ -190,8 +190,8 @@ class _QEDChunkFunction(torch.autograd.Function):
         intra = chunk_intra_recompute(x, v.contiguous(), w.contiguous(), g.contiguous(), aqk, ai, scale=P.scale,
                                       lay=lay, inter=inter)
         states, r = run_scan(P, lay, intra, h0=h0.contiguous() if h0 is not None else None)
-        return (None, *input_grads(ctx.needs_input_grad[1:], (q, k, v, g, b, w, lam, d, h0), x, arm, z, P, lay,
-                                   intra, states, r, do, dht))
+        return (None, *input_grads(ctx.needs_input_grad[1:], (q, k, v, g, b, w, lam, d, h0), x, P, lay, intra,
+                                   states, r, do, dht))
 
 
 @on_input_device

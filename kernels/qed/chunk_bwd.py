@@ -1,36 +1,29 @@
 r"""Backward of ``qed_chunk``: gradients of ``o`` and the final state w.r.t. every input.
 
-Split in two (``a`` the erase vector, ``wv = w * v``)::
-
-    core (Triton):  (dO, dS_T) -> d q_hat, d k_hat, d a, d wv, d g, d S_0
-    map (autograd): d q_hat, d k_hat, d a, d wv -> dq, dk, dv, db, dw, dlam (and dd)
-
-The core is organised as fla's GDN-2 chunk backward. It takes the forward's intra-chunk pieces
-(``chunk.IntraChunk``: row scalars, ``G``, ``kg, qg, a e^G``, ``A_qk``, ``(I + A_kk)^{-1}``,
-``W, U``), the chunk-start states and the residuals ``R`` (the recomputed forward scan), then
-runs three launches, each behind one typed wrapper:
+Organised as fla's GDN-2 chunk backward. It takes the forward's intra-chunk pieces
+(``chunk.IntraChunk``: row scalars, ``kg, qg, a e^G``, ``A_qk``, ``(I + A_kk)^{-1}``, ``W, U``;
+``A_qk`` and the inverse kept from the forward, the rest recomputed), the chunk-start states and
+the residuals ``R`` (the recomputed forward scan), then runs four launches, each behind one
+typed wrapper:
 
 1. ``chunk_bwd_scan.chunk_bwd_state``: per sequence, value head and value block, the reverse
    state scan carrying only the ``[K, BV]`` state gradient: the chunk-end state gradients
    ``dS1``, the residual gradient ``dR = A_qk^T dO + kg dS1`` and the initial-state gradient;
 2. ``chunk_bwd_intra.chunk_bwd_wy``: per chunk, every product over the value axis or all keys
-   (``d(wv) = Tm^T dR``, ``dA_qk = dO R^T``, ``dqg = dO S0^T``, ``dkg = R dS1^T``, the WY
-   gradients ``d(a e^G)`` and ``dA_kk``);
+   (``d(wv) = Tm^T dR`` written as ``dv, dw``, ``dA_qk = dO R^T``, ``dqg = dO S0^T``,
+   ``dkg = R dS1^T``, the WY gradients ``d(a e^G)`` and ``dA_kk``);
 3. ``chunk_bwd_intra.chunk_bwd_scores``: per chunk and key slice, the score-matrix and decay
-   terms, the elementwise terms and the reverse cumsum of ``dG``.
-
-The map is PyTorch autograd through ``naive.prepare_qed`` (L2 norms, the arm's direction
-``d``, ``a = b k + lam d``) and ``w * v``: small elementwise and row-reduction work, the same
-code the reference runs forward.
-
-Grouped value heads: the core works per value head (``q_hat, k_hat`` expanded to ``HV`` heads
-by ``prepare_qed``); the map's autograd sums their gradients over each group.
+   terms, the elementwise terms and the reverse cumsum of ``dG``: the gradients of ``q_hat,
+   k_hat, a`` per value head and of ``g``;
+4. ``chunk_bwd_prep.chunk_prep_bwd``: per chunk and query/key head, the L2-norm, projection and
+   gate backward from ``q_hat, k_hat, a`` to ``q, k, b, lam, d`` (``q, k`` summed over each
+   group of value heads).
 
 Precision: the products take their operands in the forward's intermediate dtype (bf16 for
-bf16 inputs, as fla's backward) and accumulate in the state dtype; every per-token gradient is
-written in the state dtype. Transient memory besides the forward's pieces: one
-``[NC, HV, K, V]`` set of state gradients (intermediate dtype), three ``[B, T, HV, V]``, eight
-``[B, T, HV, K]`` and two ``[B, T, HV, 64]`` tensors in the state dtype.
+bf16 inputs, as fla's backward) and accumulate in the state dtype; every gradient is computed
+in the state dtype and returned in its input's dtype. Transient memory besides the forward's
+pieces: one ``[NC, HV, K, V]`` set of state gradients (intermediate dtype), three
+``[B, T, HV, V]``, up to eleven ``[B, T, HV or H, K]`` and two ``[B, T, HV, 64]`` tensors in the state dtype.
 """
 from __future__ import annotations
 
@@ -40,15 +33,14 @@ from .chunk_bwd_intra import chunk_bwd_scores, chunk_bwd_wy
 from .chunk_bwd_prep import chunk_prep_bwd
 from .chunk_bwd_scan import chunk_bwd_state
 from .chunk_intra import DirectionInputs
-from .naive import prepare_qed
 
 
-def core_backward(q_hat, k_hat, a, g, v, w, do, dht, intra, states, r, lay, P):
+def core_backward(x: DirectionInputs, g, v, w, do, dht, intra, states, r, lay, P):
     """Gradients w.r.t. the effective per-token inputs of one ``qed_chunk`` call.
 
     Args:
-        q_hat, k_hat, a: ``[B, T, HV, K]`` (state dtype) normalised query and key (expanded to the
-            value heads) and erase vector.
+        x: the call's ``chunk_intra.DirectionInputs`` (what ``q_hat, k_hat`` and the erase vector
+            ``a`` are built from).
         g: ``[B, T, HV, K]`` log-decay as given to the forward; v, w: values and write gate
             ``[B, T, HV, V]`` (contiguous).
         do: ``[B, T, HV, V]`` gradient of ``o`` (or ``None``); dht: ``[N, HV, K, V]`` or ``None``.
@@ -68,12 +60,11 @@ def core_backward(q_hat, k_hat, a, g, v, w, do, dht, intra, states, r, lay, P):
     chunk_bwd_state(lay, w=wy.w, kg=prep.kg, qg=prep.qg, aqk=intra.aqk, gl=prep.gl, do=do,
                     dht=dht.contiguous() if dht is not None else None, dh=dh, dr=dr, dh0=dh0, T=P.T, N=P.N)
     grads = chunk_bwd_wy(lay, ai=intra.ai, w=wy.w, u=wy.u, r=r, hs=states, dh=dh, do=do, dr=dr, v=v, w_gate=w)
-    dq, dk, da, dg = chunk_bwd_scores(lay, q_hat=q_hat.contiguous(), k_hat=k_hat.contiguous(), a=a.contiguous(),
-                                      g=g, wy_grads=grads, scale=P.scale)
+    dq, dk, da, dg = chunk_bwd_scores(lay, x, prep, g=g, wy_grads=grads, scale=P.scale)
     return dq, dk, da, grads.dv, grads.dw, dg, dh0
 
 
-def input_grads(needs, saved, x: DirectionInputs, arm, z, P, lay, intra, states, r, do, dht):
+def input_grads(needs, saved, x: DirectionInputs, P, lay, intra, states, r, do, dht):
     """Gradients for ``(q, k, v, g, b, w, lam, d, initial_state)`` (``None`` where not needed),
     each in its input's dtype.
 
@@ -83,11 +74,9 @@ def input_grads(needs, saved, x: DirectionInputs, arm, z, P, lay, intra, states,
     (either may be ``None``). ``chunk_bwd_prep`` maps the per-value-head gradients of ``q_hat,
     k_hat, a`` back to ``q, k, b, lam, d`` (summing ``q, k`` over each group of value heads).
     """
-    q, k, v, g, b, w, lam, d, _ = saved
-    with torch.no_grad():
-        q_hat, k_hat, _, _, a = prepare_qed(q, k, b, lam, arm, z, d, x.l2norm, P)
-    dq_hat, dk_hat, da, dv, dw, dg, dh0 = core_backward(q_hat, k_hat, a, g.contiguous(), v.contiguous(),
-                                                        w.contiguous(), do, dht, intra, states, r, lay, P)
+    _, _, v, g, _, w, lam, _, _ = saved
+    dq_hat, dk_hat, da, dv, dw, dg, dh0 = core_backward(x, g.contiguous(), v.contiguous(), w.contiguous(), do, dht,
+                                                        intra, states, r, lay, P)
     prep = intra.prep
     dq, dk, db, dd, dlam = chunk_prep_bwd(x, lay, rq=prep.rq, rk=prep.rk, cp=prep.cp, gq=dq_hat, gk=dk_hat, ga=da)
     if lam.dim() == 1:

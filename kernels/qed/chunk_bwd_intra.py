@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, load_tile, shifted, store_tile, tile_row
+from .chunk_intra import DirectionInputs, Prepared, erase_rows, row_scalars
 
 WY_BWD_BKS = 32
 WY_BWD_BVS = 16
@@ -45,12 +46,12 @@ WY_BWD_WARPS = 8
 """Key slice, value slice and warps of ``qed_bwd_wy_kernel`` (by rule; at BVS 32 it spills,
 ptxas sm_90, docs/BENCHMARKS.md)."""
 
-
-def scores_bwd_config(prec: str) -> tuple[int, int]:
-    """``(BKS, num_warps)`` of ``qed_bwd_scores_kernel``, by rule from the product precision:
-    tf32x3 (float32 inputs) splits every operand in two and spills at 32 channels / 8 warps, not
-    at 16 / 4 (ptxas sm_90, docs/BENCHMARKS.md)."""
-    return (16, 4) if prec == "tf32x3" else (32, 8)
+SCORES_BWD_BKS = 32
+SCORES_BWD_WARPS = 8
+"""Key slice and warps of ``qed_bwd_scores_kernel``, by rule: no spills at bf16 or float32
+(tf32x3) inputs, K = 128 (ptxas sm_90, docs/BENCHMARKS.md). Its row blocks are walked by
+runtime loops: unrolled, they needed more registers than 8 warps have (spills at every slice
+and warp count tried)."""
 
 
 @triton.jit
@@ -78,16 +79,34 @@ def _score_terms(qs, kh, a, G, dAqk, dAkk, o_t, BT: tl.constexpr):
 
 
 @triton.jit
-def _block(X, g, g_f, rows, m_r, cols, m_c, o_t, J: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-           BC: tl.constexpr, DT: tl.constexpr):
-    """Row block ``J`` (``BC`` tokens) of ``X`` and of the within-chunk cumsum ``G``."""
+def _block_G(g, g_f, rows, m_r, cols, m_c, o_t, J, HV: tl.constexpr, K: tl.constexpr,
+             BC: tl.constexpr, DT: tl.constexpr):
+    """The within-chunk cumsum ``G`` on row block ``J`` (``BC`` tokens) of the chunk's ``g_f``."""
     prefix = tl.sum(tl.where(o_t[:, None] < J * BC, g_f, 0.), 0)
-    G = tl.cumsum(load_tile(g, rows, m_r, cols, m_c, H * K, DT), 0) + prefix[None, :]
-    return load_tile(X, rows, m_r, cols, m_c, H * K, DT), G
+    return tl.cumsum(load_tile(g, rows, m_r, cols, m_c, HV * K, DT), 0) + prefix[None, :]
 
 
 @triton.jit
-def _dblock(D, rows, m_r, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT: tl.constexpr,
+def _k_hat(k, rk, rows, m_r, cols, m_c, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, DT: tl.constexpr):
+    """The normalised key ``k_hat = rk k`` on ``[rows, cols]`` (``rk`` this value head's)."""
+    r = tl.load(rk + rows * HV, mask=m_r, other=0.).to(DT)
+    return load_tile(k, rows, m_r, cols, m_c, H * K, DT) * r[:, None]
+
+
+@triton.jit
+def _hats(q, k, b, z, d_in, rq, rk, cp, lam, rows, m_r, cols, m_c, H: tl.constexpr, HV: tl.constexpr,
+          K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, LAM_TOKEN: tl.constexpr,
+          DT: tl.constexpr):
+    """``q_hat, k_hat`` and the erase vector ``a`` on ``[rows, cols]``, rebuilt from the raw inputs
+    and the forward prep's row scalars (as ``chunk_intra.qed_scores_kernel`` does)."""
+    b_rq, b_rk, b_c, b_lam = row_scalars(rq, rk, cp, lam, rows, m_r, HV, LAM_TOKEN, DT)
+    b_q, b_k, b_a, _d = erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, b_rq, b_rk, b_c, b_lam, H, HV, K,
+                                   DIR_SOURCE, DIR_GATED, DT)
+    return b_q, b_k, b_a
+
+
+@triton.jit
+def _dblock(D, rows, m_r, I, J, H: tl.constexpr, BT: tl.constexpr,
             BC: tl.constexpr, DT: tl.constexpr):
     """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]``-per-chunk score gradient."""
     cols = J * BC + tl.arange(0, BC)
@@ -95,11 +114,12 @@ def _dblock(D, rows, m_r, I: tl.constexpr, J: tl.constexpr, H: tl.constexpr, BT:
 
 
 @triton.jit
-def _block_terms(QH, KH, A, g, DAQK, DAKK, g_f, r0, eos, cols, m_c, o_t, scale,
-                 I: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+def _block_terms(q, k, b, z, d_in, rq, rk, cp, lam, g, DAQK, DAKK, g_f, r0, eos, cols, m_c, o_t, scale,
+                 I, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                 BC: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, LAM_TOKEN: tl.constexpr,
                  DT: tl.constexpr, PREC: tl.constexpr):
     """Score-term gradients of row block ``I``: ``dqs, da`` (from column blocks ``J <= I``) and
-    ``dk`` (from row blocks ``I' >= I``), returned with the block's ``qs, k, a, G`` tiles.
+    ``dk`` (from row blocks ``I' >= I``), returned with the block's ``qs, k_hat, a, G`` tiles.
 
     Off-diagonal blocks are products with the reference point ``s`` = first row of the later
     block: ``e^{G_t - G_j} = e^{G_t - G_s} e^{G_s - G_j}``, both factors <= 1; diagonal blocks use
@@ -108,36 +128,38 @@ def _block_terms(QH, KH, A, g, DAQK, DAKK, g_f, r0, eos, cols, m_c, o_t, scale,
     o_c = tl.arange(0, BC)
     rI = r0 + I * BC + o_c
     mI = rI < eos
-    kI, GI = _block(KH, g, g_f, rI, mI, cols, m_c, o_t, I, H, K, BC, DT)
-    qI = load_tile(QH, rI, mI, cols, m_c, H * K, DT) * scale
-    aI = load_tile(A, rI, mI, cols, m_c, H * K, DT)
+    qI, kI, aI = _hats(q, k, b, z, d_in, rq, rk, cp, lam, rI, mI, cols, m_c, H, HV, K, DIR_SOURCE, DIR_GATED,
+                       LAM_TOKEN, DT)
+    qI = qI * scale
+    GI = _block_G(g, g_f, rI, mI, cols, m_c, o_t, I, HV, K, BC, DT)
     causal = o_c[:, None] >= o_c[None, :]
     dq, da, dk = _score_terms(qI, kI, aI, GI,
-                              tl.where(causal, _dblock(DAQK, rI, mI, I, I, H, BT, BC, DT), 0.),
-                              tl.where(o_c[:, None] > o_c[None, :], _dblock(DAKK, rI, mI, I, I, H, BT, BC, DT), 0.),
+                              tl.where(causal, _dblock(DAQK, rI, mI, I, I, HV, BT, BC, DT), 0.),
+                              tl.where(o_c[:, None] > o_c[None, :], _dblock(DAKK, rI, mI, I, I, HV, BT, BC, DT), 0.),
                               o_c, BC)
     sI = tile_row(GI, 0, BC)
     accq = dq * 0.
     acca = dq * 0.
-    for J in tl.static_range(I):
+    for J in range(I):
         rJ = r0 + J * BC + o_c
         mJ = rJ < eos
-        kJ, GJ = _block(KH, g, g_f, rJ, mJ, cols, m_c, o_t, J, H, K, BC, DT)
-        ke = kJ * tl.exp(sI[None, :] - GJ)
-        accq += tl.dot(_dblock(DAQK, rI, mI, I, J, H, BT, BC, DT), ke, input_precision=PREC)
-        acca += tl.dot(_dblock(DAKK, rI, mI, I, J, H, BT, BC, DT), ke, input_precision=PREC)
+        GJ = _block_G(g, g_f, rJ, mJ, cols, m_c, o_t, J, HV, K, BC, DT)
+        ke = _k_hat(k, rk, rJ, mJ, cols, m_c, H, HV, K, DT) * tl.exp(sI[None, :] - GJ)
+        accq += tl.dot(_dblock(DAQK, rI, mI, I, J, HV, BT, BC, DT), ke, input_precision=PREC)
+        acca += tl.dot(_dblock(DAKK, rI, mI, I, J, HV, BT, BC, DT), ke, input_precision=PREC)
     eI = tl.exp(GI - sI[None, :])
     dq += eI * accq
     da += eI * acca
-    for I2 in tl.static_range(I + 1, BT // BC):
+    for I2 in range(I + 1, BT // BC):
         r2 = r0 + I2 * BC + o_c
         m2 = r2 < eos
-        a2, G2 = _block(A, g, g_f, r2, m2, cols, m_c, o_t, I2, H, K, BC, DT)
-        q2 = load_tile(QH, r2, m2, cols, m_c, H * K, DT) * scale
+        q2, _k2, a2 = _hats(q, k, b, z, d_in, rq, rk, cp, lam, r2, m2, cols, m_c, H, HV, K, DIR_SOURCE, DIR_GATED,
+                            LAM_TOKEN, DT)
+        G2 = _block_G(g, g_f, r2, m2, cols, m_c, o_t, I2, HV, K, BC, DT)
         s2 = tile_row(G2, 0, BC)
         e2 = tl.exp(G2 - s2[None, :])
-        acc = (tl.dot(tl.trans(_dblock(DAQK, r2, m2, I2, I, H, BT, BC, DT)), q2 * e2, input_precision=PREC)
-               + tl.dot(tl.trans(_dblock(DAKK, r2, m2, I2, I, H, BT, BC, DT)), a2 * e2, input_precision=PREC))
+        acc = (tl.dot(tl.trans(_dblock(DAQK, r2, m2, I2, I, HV, BT, BC, DT)), q2 * scale * e2, input_precision=PREC)
+               + tl.dot(tl.trans(_dblock(DAKK, r2, m2, I2, I, HV, BT, BC, DT)), a2 * e2, input_precision=PREC))
         dk += tl.exp(s2[None, :] - GI) * acc
     return dq, da, dk, qI, kI, aI, GI
 
@@ -209,45 +231,58 @@ def qed_bwd_wy_kernel(
 
 
 @triton.jit
-def _chunk_dgl(k_hat, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, HV: tl.constexpr, K: tl.constexpr,
-               DT: tl.constexpr):
-    """``dG_last`` of the chunk's key slice: ``sum_t dkg k e^{G_last - G} + dgamma gamma``."""
+def _chunk_dgl(k, rk, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, H: tl.constexpr, HV: tl.constexpr,
+               K: tl.constexpr, DT: tl.constexpr):
+    """``dG_last`` of the chunk's key slice, ``sum_t dkg k_hat e^{G_last - G} + dgamma gamma``, and
+    ``G_last``."""
     G = tl.cumsum(g_f, 0)
     gl = tl.sum(g_f, 0)
     ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
-    kgd = load_tile(dkg, rows, m_t, cols, m_c, HV * K, DT) * load_tile(k_hat, rows, m_t, cols, m_c, HV * K, DT) * ekl
+    kgd = load_tile(dkg, rows, m_t, cols, m_c, HV * K, DT) * _k_hat(k, rk, rows, m_t, cols, m_c, H, HV, K, DT) * ekl
     dgam = tl.load(dgl + (i_g * HV + i_hv) * K + cols, mask=m_c, other=0.).to(DT)
     return tl.sum(kgd, 0) + dgam * tl.exp(gl), gl
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+})
 @triton.jit(do_not_specialize=["T"])
 def qed_bwd_scores_kernel(
-    q_hat, k_hat, a, g, daqk, dakk, dqg, dkg, dgl, dag, dq, dk, da, dg,
+    q, k, b, lam, z, d_in, rq, rk, cp, g, daqk, dakk, dqg, dkg, dgl, dag, dq, dk, da, dg,
     cu_seqlens, chunk_indices, T, scale,
-    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
+    DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per chunk and key slice ``i_k = program_id(2)``, row block by row block from the last:
     the score terms, the elementwise terms, and ``dg`` as the reverse cumsum of ``dG`` (the
-    later blocks' sum carried) plus ``dG_last``."""
+    later blocks' sum carried) plus ``dG_last``. ``q_hat, k_hat, a`` are rebuilt from the raw
+    inputs and the forward prep's row scalars; the outputs are per value head."""
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_k = tl.program_id(2)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
     daqk, dakk = shifted((daqk, dakk), i_hv * BT)
-    q_hat, k_hat, a, g, dqg, dkg, dag, dq, dk, da, dg = shifted(
-        (q_hat, k_hat, a, g, dqg, dkg, dag, dq, dk, da, dg), i_hv * K)
+    q, k = shifted((q, k), (i_hv // (HV // H)) * K)
+    b, g, dqg, dkg, dag, dq, dk, da, dg = shifted((b, g, dqg, dkg, dag, dq, dk, da, dg), i_hv * K)
+    rq, rk, cp, lam = shifted((rq, rk, cp, lam), i_hv)
+    if z is not None:
+        z += i_hv * K
+    if d_in is not None:
+        d_in += i_hv * K
     r0 = bos + i_t * BT
     cols, m_c = channel_slice(i_k, BKS, K)
     g_f = load_tile(g, rows, m_t, cols, m_c, HV * K, DT)
-    dG_last, gl = _chunk_dgl(k_hat, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, HV, K, DT)
+    dG_last, gl = _chunk_dgl(k, rk, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, H, HV, K, DT)
     carry = dG_last
     o_c = tl.arange(0, BC)
-    for I in tl.static_range(BT // BC - 1, -1, -1):
-        dqp, dap, dkp, qs, kh, ah, G = _block_terms(q_hat, k_hat, a, g, daqk, dakk, g_f, r0, eos, cols, m_c, o_t,
-                                                   scale, I, HV, K, BT, BC, DT, PREC)
+    for i_b in range(BT // BC):
+        I = BT // BC - 1 - i_b
+        dqp, dap, dkp, qs, kh, ah, G = _block_terms(q, k, b, z, d_in, rq, rk, cp, lam, g, daqk, dakk, g_f, r0, eos,
+                                                   cols, m_c, o_t, scale, I, H, HV, K, BT, BC, DIR_SOURCE,
+                                                   DIR_GATED, LAM_TOKEN, DT, PREC)
         rI = r0 + I * BC + o_c
         mI = rI < eos
         eg = tl.where(mI[:, None], tl.exp(G), 0.)
@@ -300,18 +335,20 @@ def chunk_bwd_wy(lay: ChunkLayout, *, ai, w, u, r, hs, dh, do, dr, v, w_gate) ->
     return out
 
 
-def chunk_bwd_scores(lay: ChunkLayout, *, q_hat, k_hat, a, g, wy_grads: WYGrads, scale: float):
-    """Launch ``qed_bwd_scores_kernel`` (grid: chunks x value heads x key slices) on the
-    per-value-head ``q_hat, k_hat, a`` and log-decay ``g`` ``[B, T, HV, K]`` and
-    :func:`chunk_bwd_wy`'s gradients; returns ``(dq_hat, dk_hat, da, dg)`` (state dtype)."""
-    B, T, HV, K = q_hat.shape
-    BKS, num_warps = scores_bwd_config(lay.prec)
-    BKS = min(BKS, triton.next_power_of_2(K))
-    dq, dk, da, dg = (torch.empty(B, T, HV, K, device=q_hat.device, dtype=lay.state_dtype) for _ in range(4))
-    x = wy_grads
+def chunk_bwd_scores(lay: ChunkLayout, x: DirectionInputs, prep: Prepared, *, g, wy_grads: WYGrads, scale: float):
+    """Launch ``qed_bwd_scores_kernel`` (grid: chunks x value heads x key slices) on the call's
+    direction inputs ``x``, the forward prep's row scalars, the log-decay ``g`` ``[B, T, HV, K]``
+    and :func:`chunk_bwd_wy`'s gradients; returns ``(dq_hat, dk_hat, da, dg)`` per value head
+    ``[B, T, HV, K]`` (state dtype)."""
+    B, T, HV, K = g.shape
+    BKS = min(SCORES_BWD_BKS, triton.next_power_of_2(K))
+    dq, dk, da, dg = (torch.empty(B, T, HV, K, device=g.device, dtype=lay.state_dtype) for _ in range(4))
+    w = wy_grads
     qed_bwd_scores_kernel[(*lay.grid, triton.cdiv(K, BKS))](
-        q_hat=q_hat, k_hat=k_hat, a=a, g=g, daqk=x.daqk, dakk=x.dakk, dqg=x.dqg, dkg=x.dkg, dgl=x.dgl, dag=x.dag,
-        dq=dq, dk=dk, da=da, dg=dg, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
-        HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=1,
+        q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, rq=prep.rq, rk=prep.rk, cp=prep.cp, g=g,
+        daqk=w.daqk, dakk=w.dakk, dqg=w.dqg, dkg=w.dkg, dgl=w.dgl, dag=w.dag, dq=dq, dk=dk, da=da, dg=dg,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
+        H=x.q.shape[2], HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DIR_SOURCE=x.flags["DIR_SOURCE"],
+        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=SCORES_BWD_WARPS, num_stages=1,
     )
     return dq, dk, da, dg
