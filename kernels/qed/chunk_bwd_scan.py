@@ -35,6 +35,26 @@ STATE_WARPS = 8
 
 
 @triton.jit
+def _load_pieces(ptr, i_nh, o_v, m_v, dS, K: tl.constexpr, V: tl.constexpr, BKP: tl.constexpr):
+    """The pieces ``dS`` plus the ``[K, BV]`` block of state ``i_nh`` at ``ptr``."""
+    out = ()
+    for i in tl.static_range(len(dS)):
+        o_k = i * BKP + tl.arange(0, BKP)
+        p_h, m_h = state_block(i_nh, o_k, o_v, o_k < K, m_v, K, V)
+        out = out + (dS[i] + tl.load(ptr + p_h, mask=m_h, other=0.).to(dS[i].dtype),)
+    return out
+
+
+@triton.jit
+def _store_pieces(ptr, i_nh, o_v, m_v, dS, K: tl.constexpr, V: tl.constexpr, BKP: tl.constexpr):
+    """Store the pieces ``dS`` as the ``[K, BV]`` block of state ``i_nh`` at ``ptr``."""
+    for i in tl.static_range(len(dS)):
+        o_k = i * BKP + tl.arange(0, BKP)
+        p_h, m_h = state_block(i_nh, o_k, o_v, o_k < K, m_v, K, V)
+        tl.store(ptr + p_h, dS[i].to(ptr.dtype.element_ty), mask=m_h)
+
+
+@triton.jit
 def _chunk_back(dS, i_t, n_t, c0, i_hv, o_t, o_v, m_v, w, kg, qg, aqk, gl, do, dh, dr,
                 HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKP: tl.constexpr,
                 PREC: tl.constexpr):
@@ -57,7 +77,7 @@ def _chunk_back(dS, i_t, n_t, c0, i_hv, o_t, o_v, m_v, w, kg, qg, aqk, gl, do, d
         o_k = i * BKP + tl.arange(0, BKP)
         m_k = o_k < K
         p_h, m_h = state_block(i_g, o_k, o_v, m_k, m_v, K, V)
-        tl.store(dh + p_h, dS[i].to(dh.dtype.element_ty), mask=m_h)
+        tl.store(dh + p_h, dS[i].to(dh.dtype.element_ty), mask=m_h)  # dS1, piece by piece with its kg
         b_kg = tl.load(kg + r0 * (HV * K) + o_t[:, None] * (HV * K) + o_k[None, :],
                        mask=m_t[:, None] & m_k[None, :], other=0.)
         b_dr += tl.dot(b_kg, dS[i].to(OP), input_precision=PREC)
@@ -74,22 +94,6 @@ def _chunk_back(dS, i_t, n_t, c0, i_hv, o_t, o_v, m_v, w, kg, qg, aqk, gl, do, d
         b_gl = tl.load(gl + i_g * K + o_k, mask=m_k, other=0.).to(dS[i].dtype)
         out = out + (b_gl[:, None] * dS[i] + tl.dot(b_qgt, b_do, input_precision=PREC)
                      - tl.dot(b_wt, b_dr, input_precision=PREC),)
-    return out
-
-
-@triton.jit
-def _state_pieces(ptr, i_nh, o_v, m_v, dS, K: tl.constexpr, V: tl.constexpr, BKP: tl.constexpr, LOAD: tl.constexpr):
-    """Add the ``[K, BV]`` block of state ``i_nh`` at ``ptr`` to the pieces ``dS`` (``LOAD``), or
-    store the pieces there; returns the pieces."""
-    out = ()
-    for i in tl.static_range(len(dS)):
-        o_k = i * BKP + tl.arange(0, BKP)
-        p_h, m_h = state_block(i_nh, o_k, o_v, o_k < K, m_v, K, V)
-        if LOAD:
-            out = out + (dS[i] + tl.load(ptr + p_h, mask=m_h, other=0.).to(dS[i].dtype),)
-        else:
-            tl.store(ptr + p_h, dS[i].to(ptr.dtype.element_ty), mask=m_h)
-            out = out + (dS[i],)
     return out
 
 
@@ -114,7 +118,7 @@ def qed_dstate_kernel(
     for i in tl.static_range((K + BKP - 1) // BKP):
         dS = dS + (tl.zeros([BKP, BV], dtype=DT),)
     if USE_DHT:
-        dS = _state_pieces(dht, i_nh, o_v, m_v, dS, K, V, BKP, True)
+        dS = _load_pieces(dht, i_nh, o_v, m_v, dS, K, V, BKP)
     seq = bos * HV + i_hv  # the sequence's first row, this value head
     w, kg, qg = w + seq * K, kg + seq * K, qg + seq * K
     aqk, do, dr = aqk + seq * BT, do + seq * V, dr + seq * V
@@ -129,7 +133,7 @@ def qed_dstate_kernel(
         for i_r in range(NT):
             dS = _chunk_back(dS, NT - 1 - i_r, n_t, c0, i_hv, o_t, o_v, m_v, w, kg, qg, aqk, gl, do, dh, dr,
                              HV, K, V, BT, BKP, PREC)
-    _state_pieces(dh0, i_nh, o_v, m_v, dS, K, V, BKP, False)
+    _store_pieces(dh0, i_nh, o_v, m_v, dS, K, V, BKP)
 
 
 def chunk_bwd_state(lay: ChunkLayout, *, w, kg, qg, aqk, gl, do, dht, dh, dr, dh0, T: int, N: int) -> None:

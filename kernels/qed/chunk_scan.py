@@ -15,8 +15,8 @@ all chunks at once, from the chunk-start state ``S0 = hs`` and the residuals ``R
     o   = qg S0 + A_qk R                  (qg = scale q exp(G), A_qk causal incl. diagonal)
     Sd  = dg S0 + A_dk R                  probes only (dg = d exp(G), A_dk strictly causal)
 
-The backward's recomputation runs only the state kernel (it needs the chunk-start states in
-the state dtype, not ``o``). States are ``[NC, HV, K, V]`` by global chunk index.
+The backward reruns only the state kernel (its chunk-start states and residuals), not the output.
+States are ``[NC, HV, K, V]`` by global chunk index.
 """
 from __future__ import annotations
 
