@@ -13,6 +13,8 @@
 # The calls:
 #   run(command="bash scripts/h200_sweep.sh", carry=[".whl_sweep"], timeout_s=600)
 #   run(command="PARTS=grid bash scripts/h200_sweep.sh", carry=[".whl_sweep"], timeout_s=600)
+# To time the whole grid in one uninterrupted call instead: PARTS=grid first (it stops at its budget
+# if it cannot finish, and a second PARTS=grid call completes it), then PARTS="tests profile".
 # The grid folder and inductor's cache live in .sweep_cache/ (git-ignored), which a warm machine keeps
 # between calls; on a fresh machine copy $OUT/grid/* of call 1 to .sweep_cache/grid/ here and add
 # ".sweep_cache" to carry.
@@ -40,7 +42,7 @@ if [[ " $PARTS " == *" tests "* ]]; then
         2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|passed|failed" | tail -20
 fi
 if [[ " $PARTS " == *" profile "* ]]; then
-    timeout 150 python3 "$REPO"/bench/profile_sweep.py --length 32768 --steps 10 --top 30 \
+    timeout 200 python3 "$REPO"/bench/profile_sweep.py --length 32768 --steps 10 --top 30 \
         2>&1 | tee "$OUT/profile.log" | grep -E "^\{|===" | tail -8
     tail -1 "$OUT/profile.log" > "$OUT/profile.json"
 fi
