@@ -49,7 +49,8 @@ def core_backward(x: DirectionInputs, g, v, w, do, dht, intra, states, r, lay, P
         lay: the call's ``chunk_common.ChunkLayout``; P: its ``inputs.QEDProblem``.
 
     Returns:
-        ``(dq_hat, dk_hat, da, dv, dw, dg, dh0)`` in the state dtype, per value head.
+        ``(dq_hat, dk_hat, da, dv, dw, dg, dh0)`` per value head: ``dv, dw, dg`` in the dtypes of
+        ``v, w, g``, the others in the state dtype.
     """
     ct, dev = lay.state_dtype, states.device
     do = torch.zeros(P.B, P.T, P.HV, P.V, device=dev, dtype=r.dtype) if do is None else do.contiguous()

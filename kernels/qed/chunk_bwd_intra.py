@@ -300,10 +300,10 @@ def qed_bwd_scores_kernel(
 
 @dataclass(frozen=True)
 class WYGrads:
-    """What ``qed_bwd_wy_kernel`` writes, in the state dtype: ``dqg, dkg, dag`` (the gradients of
-    ``qg``, ``kg``, ``a e^G``) ``[B, T, HV, K]``, ``dv, dw`` (of the values and the write gate)
-    ``[B, T, HV, V]``; ``dgl`` (``dgamma``, ``[NC, HV, K]``); ``daqk, dakk`` (of the score
-    matrices, ``[B, T, HV, BT]``)."""
+    """What ``qed_bwd_wy_kernel`` writes: ``dv, dw`` (the gradients of the values and the write
+    gate, ``[B, T, HV, V]``, in their dtypes) and, in the state dtype, ``dqg, dkg, dag`` (of
+    ``qg``, ``kg``, ``a e^G``, ``[B, T, HV, K]``), ``dgl`` (``dgamma``, ``[NC, HV, K]``) and
+    ``daqk, dakk`` (of the score matrices, ``[B, T, HV, BT]``)."""
 
     dqg: torch.Tensor
     dkg: torch.Tensor
@@ -323,7 +323,7 @@ def chunk_bwd_wy(lay: ChunkLayout, *, ai, w, u, r, hs, dh, do, dr, v, w_gate) ->
     V = u.shape[-1]
     ct, dev = lay.state_dtype, w.device
     bk = lambda n: torch.empty(B, T, HV, n, device=dev, dtype=ct)  # noqa: E731
-    out = WYGrads(dqg=bk(K), dkg=bk(K), dag=bk(K), dv=bk(V), dw=bk(V), dgl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
+    out = WYGrads(dqg=bk(K), dkg=bk(K), dag=bk(K), dv=torch.empty_like(v), dw=torch.empty_like(w_gate), dgl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                   daqk=bk(BT), dakk=bk(BT))
     qed_bwd_wy_kernel[lay.grid](
         ai=ai, w=w, u=u, r=r, hs=hs, dh=dh, do=do, dr=dr, v=v, w_gate=w_gate, dqg=out.dqg, dkg=out.dkg,
@@ -339,10 +339,11 @@ def chunk_bwd_scores(lay: ChunkLayout, x: DirectionInputs, prep: Prepared, *, g,
     """Launch ``qed_bwd_scores_kernel`` (grid: chunks x value heads x key slices) on the call's
     direction inputs ``x``, the forward prep's row scalars, the log-decay ``g`` ``[B, T, HV, K]``
     and :func:`chunk_bwd_wy`'s gradients; returns ``(dq_hat, dk_hat, da, dg)`` per value head
-    ``[B, T, HV, K]`` (state dtype)."""
+    ``[B, T, HV, K]`` (state dtype; ``dg`` in ``g``'s)."""
     B, T, HV, K = g.shape
     BKS = min(SCORES_BWD_BKS, triton.next_power_of_2(K))
-    dq, dk, da, dg = (torch.empty(B, T, HV, K, device=g.device, dtype=lay.state_dtype) for _ in range(4))
+    dq, dk, da = (torch.empty(B, T, HV, K, device=g.device, dtype=lay.state_dtype) for _ in range(3))
+    dg = torch.empty_like(g)
     w = wy_grads
     qed_bwd_scores_kernel[(*lay.grid, triton.cdiv(K, BKS))](
         q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, rq=prep.rq, rk=prep.rk, cp=prep.cp, g=g,

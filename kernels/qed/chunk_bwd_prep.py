@@ -137,16 +137,16 @@ def chunk_prep_bwd(x, lay: ChunkLayout, *, rq, rk, cp, gq, gk, ga):
 
     ``x``: the call's ``chunk_intra.DirectionInputs``; ``rq, rk, cp``: the forward prep's row
     scalars ``[B, T, HV]``; ``gq, gk, ga``: the gradients of ``q_hat, k_hat, a`` per value head
-    ``[B, T, HV, K]``. Returns ``(dq, dk, db, dd, dlam)`` in the state dtype: ``dq, dk``
-    ``[B, T, H, K]``, ``db`` ``[B, T, HV, K]``, ``dd`` like ``db`` when ``d`` was given (else
-    ``None``) and ``dlam`` per token ``[B, T, HV]`` (whatever the shape of ``lam``).
+    ``[B, T, HV, K]``. Returns ``(dq, dk, db, dd, dlam)``: ``dq, dk`` ``[B, T, H, K]`` and
+    ``dlam`` per token ``[B, T, HV]`` (whatever the shape of ``lam``) in the state dtype, ``db``
+    ``[B, T, HV, K]`` and ``dd`` (when ``d`` was given, else ``None``) in the dtypes of ``b, d``.
     """
     B, T, H, K = x.q.shape
     HV = x.b.shape[2]
     ct, dev = lay.state_dtype, gq.device
     dq, dk = (torch.empty(B, T, H, K, device=dev, dtype=ct) for _ in range(2))
-    db = torch.empty(B, T, HV, K, device=dev, dtype=ct)
-    dd = torch.empty(B, T, HV, K, device=dev, dtype=ct) if x.d is not None else None
+    db = torch.empty_like(x.b)
+    dd = torch.empty_like(x.d) if x.d is not None else None
     dlam = torch.empty(B, T, HV, device=dev, dtype=ct)
     grid = (lay.grid[0], lay.grid[1] // (HV // H))
     qed_prep_bwd_kernel[grid](
