@@ -86,14 +86,20 @@ def test_only_output_or_only_state_gradient():
     assert_grads(x, dict(arm="full"), h0=state(x, 1), use_o=False)
 
 
-def test_grouped_value_heads():
+@pytest.mark.parametrize("arm,lam_token,d_given", [("full", True, False), ("rand", False, False),
+                                                    ("nogate", True, True)])
+def test_grouped_value_heads(arm, lam_token, d_given):
     """HV = 2 H: gradients (q, k summed over their group of value heads) against autograd through
-    qed_naive on expanded q, k; per-token lam, initial and final state."""
-    x = grouped_inputs(B=1, T=70, H=2, HV=4, K=16, V=16, seed=48, lam_token=True, device=DEVICE)
+    qed_naive on expanded q, k; per-token or per-head lam, the rand arm's per-value-head z, a
+    given d, initial and final state."""
+    x = grouped_inputs(B=1, T=70, H=2, HV=4, K=16, V=16, seed=48, lam_token=lam_token, device=DEVICE)
     h0 = torch.randn(1, 4, 16, 16, dtype=torch.float64, device=DEVICE)
-    got, _ = grads(qed_chunk, x, dict(arm="full"), h0=h0)
-    ref, _ = grads(lambda *a, **kw: expanded_naive(dict(zip(OP_INPUTS, a)), **kw), x, dict(arm="full"), h0=h0)
-    for n, a, b in zip((*OP_INPUTS, "h0"), got, ref):
+    kw = dict(arm=arm, z=z_for(arm, 4, 16, device=DEVICE))
+    extra = (0.3 * torch.randn(1, 70, 4, 16, dtype=torch.float64, device=DEVICE),) if d_given else ()
+    got, _ = grads(qed_chunk, x, kw, h0=h0, extra=extra)
+    ref, _ = grads(lambda *a, **kw: expanded_naive(dict(zip(OP_INPUTS, a)), **kw), x, kw, h0=h0, extra=extra)
+    names = (*OP_INPUTS, *(("d",) if d_given else ()), "h0")
+    for n, a, b in zip(names, got, ref):
         assert a.shape == b.shape, n
         assert max_diff(a, b) < 1e-9 * max(1., b.abs().max().item()), (n, max_diff(a, b))
     assert got[0].shape == (1, 70, 2, 16)
