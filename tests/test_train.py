@@ -2,6 +2,7 @@
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,10 +180,32 @@ def test_op_check_accepts_the_reference_and_catches_a_detached_op(monkeypatch):
     assert "without a gradient graph" in problem
 
 
+def test_op_check_catches_wrong_gradients(monkeypatch):
+    """An op whose forward is right but whose gradients are half the reference's is refused."""
+    cfg = trainer.build_model(tiny(), 259).cfg
+    real = opcheck.qed_attention
+
+    def half_grad(*args, mode, **kwargs):
+        o, s, p = real(*args, mode="naive", **kwargs)
+        return (o + o.detach()) / 2 if mode != opcheck.REFERENCE_MODE else o, s, p
+    monkeypatch.setattr(opcheck, "qed_attention", half_grad)
+    problem = opcheck.backward_problem(cfg, torch.device("cpu"), torch.float32, "chunk", tokens=80)
+    assert "differ from mode 'torch'" in problem and "'q': '0.5'" in problem
+
+
+def test_op_check_in_a_child_process_reports_a_crash(monkeypatch):
+    """The child-process check (used on CUDA): a sound op passes, a process that dies is reported."""
+    check = dict(arm="full", heads=2, head_dim=8, v_dim=8, device="cpu", dtype=torch.float32, mode="naive", tokens=20)
+    assert opcheck.problem_in_child(**check) is None
+    monkeypatch.setattr(opcheck, "child_command", lambda **kw: [sys.executable, "-c", "import os; os.abort()"])
+    assert "crashed the check's process" in opcheck.problem_in_child(**check)
+
+
 def test_missing_backward_falls_back_with_a_warning_or_stops(tmp_path, monkeypatch):
     real = opcheck.backward_problem
     monkeypatch.setattr(trainer, "backward_problem",
-                        lambda cfg, dev, dt, mode: "no backward (test)" if mode == "chunk" else real(cfg, dev, dt, mode))
+                        lambda cfg, dev, dt, mode, tokens: "no backward (test)" if mode == "chunk"
+                        else real(cfg, dev, dt, mode, tokens))
     cfg = tiny(steps=1, warmup_steps=0, decay_steps=0, model={**TINY["model"], "op_mode": "chunk"})
     result = train(cfg, tmp_path / "a")
     assert result.op_mode == "torch"

@@ -155,7 +155,7 @@ def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: t
     ``op_fallback``, the first of ``FALLBACK_OPS`` that works (with a warning in ``train.log``);
     otherwise a ``RuntimeError`` that says why."""
     mode = model.cfg.op_mode
-    problem = backward_problem(model.cfg, device, dtype, mode)
+    problem = backward_problem(model.cfg, device, dtype, mode, cfg.seq_len)
     if problem is None:
         return mode
     if not cfg.op_fallback:
@@ -164,7 +164,7 @@ def _choose_op(cfg: TrainConfig, model: QEDModel, device: torch.device, dtype: t
                            "train on CPU.")
     problems = [problem]
     for fallback in (m for m in FALLBACK_OPS if m != mode):
-        found = backward_problem(model.cfg, device, dtype, fallback)
+        found = backward_problem(model.cfg, device, dtype, fallback, cfg.seq_len)
         if found is None:
             note(out_dir, f"WARNING: {problem}. Training with the differentiable PyTorch op "
                            f"(mode {fallback!r}) instead; checkpoints keep op_mode {mode!r} in config.json.")
