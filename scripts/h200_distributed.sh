@@ -4,14 +4,13 @@
 # tokens/s on 1 vs N GPUs (340M shape, the same global batch), with the first steps' loss and
 # gradient norm compared; sharded eig over NCCL against one GPU; the CPU (gloo) tests of
 # tests/test_distributed.py.
-#   run(command="bash scripts/h200_distributed.sh", carry=[".whl_tl"], kind="nvidia-h200-x2")
+#   run(command="bash scripts/h200_distributed.sh", carry=[".whl"], kind="nvidia-h200-x2")
 # does all of it with small defaults inside one 10-minute call; for the measurement proper, one
 # call per part with more work, e.g.
 #   PARTS=sweep SWEEP_SAMPLES=100 bash scripts/h200_distributed.sh      (about 5 + 5/N minutes)
 #   PARTS=train TRAIN_STEPS=60 bash scripts/h200_distributed.sh
 #   PARTS="eig tests" bash scripts/h200_distributed.sh
-# .whl_tl/ holds the third-party wheels listed in scripts/h200_model_checks.sh; qedprobe itself
-# is installed from this tree (its wheel in .whl_tl/ is the fallback).
+# Wheels: `bash scripts/device_wheels.sh` here first (.whl/, with qedprobe's own wheel).
 # Environment: PARTS (default "sweep train eig tests"), NGPU (default: every GPU),
 # TOTAL_SECONDS (default 540: every run is cut at that deadline), SWEEP_SAMPLES (default 20 of
 # the grid's 500; bench/sweep.py's full_grid_s_linear_estimate scales a run to 500),
@@ -23,11 +22,9 @@ set -uo pipefail
 DEADLINE=$(( $(date +%s) + ${TOTAL_SECONDS:-540} ))
 left() { echo $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )); }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-pip_install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$@"; }
-pip_install $(ls "$REPO"/.whl_tl/*.whl | grep -v /qedprobe-) || exit 1
-pip_install --no-build-isolation "$REPO" || pip_install "$REPO"/.whl_tl/qedprobe-*.whl || exit 1
+source "$REPO/scripts/device_env.sh" || exit 1
 cd /tmp && python3 -c "import qedprobe.dist, qedprobe.kernels, transformer_lens" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}

@@ -19,7 +19,7 @@
 # (tokenizer folder, default /tmp/tok-interference), KEY_WEIGHT (default 8), BATCH (rows per
 # step, default 16), ARMS / SEEDS / PREFIX (default "gdn2 full noproj full@1.0" / "0 1 2" /
 # "int-": checkpoints int-gdn2-s0 ... int-full-lm1.0-s2). Expects qedprobe installed where
-# `python3 -P` finds it (e.g. PYTHONPATH=/tmp/site). Evaluate with scripts/h200_interference_eval.sh.
+# `python3 -P` finds it (`source scripts/device_env.sh`). Evaluate with scripts/h200_interference_eval.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOK=${TOK:-/tmp/tok-interference}

@@ -4,21 +4,17 @@
 # benchmark (bench/kernels.py: fla's forward+backward first, the order-independence check,
 # T 1K-32K, probes on/off, every arm, grouped heads, forward+backward, decode).
 #
-# Wheels to carry (git-ignored folder .whl_kernels/, made on a machine with network):
-#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform any -d .whl_kernels fla-core==0.6.0 einops
-#   python3 -m pip wheel -q --no-deps -w .whl_kernels .     # qedprobe itself, rebuilt after every change
-# The call:  run(command="bash scripts/h200_kernels.sh", carry=[".whl_kernels"])
+# Wheels: `bash scripts/device_wheels.sh` here (after every change), then
+#   run(command="bash scripts/h200_kernels.sh", carry=[".whl"])
 # Environment: PARTS (default "tests bench"), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: this checkout's HEAD when it has .git).
 # Output in $OUT: gpu_tests.log, kernels.log and kernels.json (keep it under docs/results/<date>/).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    "$REPO"/.whl_kernels/*.whl || exit 1
+source "$REPO/scripts/device_env.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
 COMMIT=${COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}

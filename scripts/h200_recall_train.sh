@@ -13,7 +13,7 @@
 # (run-name prefix, default none), GPU_IDS (default 0), PER_GPU (default: all runs at once),
 # RECIPE (training flags, default below), CKPT / RUNS (default /tmp/ckpt, /tmp/runs).
 # scripts/h200_interference_train.sh calls it with the interference recipe.
-# Expects qedprobe installed where `python3 -P` finds it (e.g. PYTHONPATH=/tmp/site).
+# Expects qedprobe installed where `python3 -P` finds it (`source scripts/device_env.sh`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)

@@ -4,15 +4,10 @@
 # 32K batch (plain and fast path, bench/profile_sweep.py) and the grid until its budget ends; call 2
 # (PARTS=grid) resumes the grid (bench/sweep.py sums the calls' wall time) until it is complete.
 #
-# Wheels to carry (git-ignored folder .whl_sweep/, made on a machine with network):
-#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl_sweep \
-#     transformer-lens==4.3.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 beartype==0.23.1 \
-#     typeguard==4.6.1 fancy-einsum==0.0.3
-#   python3 -m pip wheel -q --no-deps -w .whl_sweep .     # qedprobe itself, rebuilt after every change
+# Wheels: `bash scripts/device_wheels.sh` here first (after every change).
 # The calls:
-#   run(command="bash scripts/h200_sweep.sh", carry=[".whl_sweep"], timeout_s=600)
-#   run(command="PARTS=grid bash scripts/h200_sweep.sh", carry=[".whl_sweep"], timeout_s=600)
+#   run(command="bash scripts/h200_sweep.sh", carry=[".whl"], timeout_s=600)
+#   run(command="PARTS=grid bash scripts/h200_sweep.sh", carry=[".whl"], timeout_s=600)
 # To time the whole grid in one uninterrupted call instead: PARTS=grid first (it stops at its budget
 # if it cannot finish, and a second PARTS=grid call completes it), then PARTS="tests profile".
 # The grid folder and inductor's cache live in .sweep_cache/ (git-ignored), which a warm machine keeps
@@ -24,11 +19,10 @@
 # docs/benchmarks/sweep.json once full_grid is true), grid/ (the sweep folder's small files).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-} PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+export OUT=${OUT:-/tmp/out}
 export TORCHINDUCTOR_CACHE_DIR="$REPO/.sweep_cache/inductor"
 mkdir -p "$OUT" "$REPO/.sweep_cache"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    "$REPO"/.whl_sweep/*.whl || exit 1
+source "$REPO/scripts/device_env.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 COMMIT=${COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on a 2-GPU machine: train the twelve checkpoints, send back as many as fit,
 # measure them for docs/RESULTS.md.
-#   run(command="STEPS=850 bash scripts/h200_train_and_eval.sh", carry=[".whl_tl"], kind="nvidia-h200-x2")
+#   run(command="STEPS=850 bash scripts/h200_train_and_eval.sh", carry=[".whl"], kind="nvidia-h200-x2")
 # 1. scripts/train_checkpoints.sh: 6 arms x seeds 0,1, six runs at once per GPU, STEPS steps
 #    (warmup 7 %, decay 20 %) plus TRAIN_FLAGS (e.g. "--decay-a 0.5,2 --decay-dt 1e-4,0.1"), into
 #    /tmp/ckpt; ARMS, SEEDS and PER_GPU pass on to it;
@@ -13,8 +13,7 @@
 #    sweep rows, summaries, eig statistics and the training logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_tl/*.whl || exit 1
+source scripts/device_env.sh || exit 1
 STEPS=${STEPS:-850}
 T0=$(date +%s)
 CKPT=/tmp/ckpt RUNS=/tmp/runs EXTRA="--steps $STEPS --warmup $((STEPS * 7 / 100)) --decay $((STEPS / 5)) --save-every $STEPS ${TRAIN_FLAGS:-}" \

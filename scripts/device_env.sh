@@ -1,0 +1,15 @@
+# Sourced by the device scripts (scripts/h200_*.sh): install the wheels of .whl/ (made here by
+# scripts/device_wheels.sh) once per machine into /tmp/site-<digest of the wheel set> and put that
+# folder, alone, on PYTHONPATH. A warm machine keeps the folder between calls, so a second script
+# in the same lease installs nothing; a changed wheel set gets a new folder, so a process still
+# running from the old one (a detached training run) is never pulled out from under.
+_wheels="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.whl"
+ls "$_wheels"/*.whl > /dev/null 2>&1 || { echo "no wheels in $_wheels: run scripts/device_wheels.sh here and carry .whl"; return 1; }
+_site=/tmp/site-$(cd "$_wheels" && md5sum -- *.whl | md5sum | cut -c1-12)
+if [[ ! -f $_site/.complete ]]; then
+    rm -rf "$_site"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$_site" "$_wheels"/*.whl \
+        || { echo "pip could not install $_wheels into $_site"; return 1; }
+    touch "$_site/.complete"
+fi
+export PYTHONPATH=$_site PYTHONUNBUFFERED=1

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Make .whl/ (git-ignored): every wheel the device scripts (scripts/h200_*.sh) install on a bare
+# GPU machine, which reaches no package index. Run here, in the repository's root, after every
+# change to qedprobe (its own wheel is rebuilt each time); carry it: run(..., carry=[".whl"]).
+# The GPU image already has torch, triton, numpy, safetensors, tokenizers, huggingface_hub 1.x,
+# tqdm and typer; transformers 5.24 accepts its huggingface_hub, so no hub wheel (2.x would need
+# httpx2, which is not there). About 24 MB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+rm -f .whl/qedprobe-*.whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .whl \
+    transformer-lens==4.3.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 beartype==0.23.1 \
+    typeguard==4.6.1 fancy-einsum==0.0.3 flash-linear-attention==0.6.0 fla-core==0.6.0 einops==0.8.2 \
+    transformers==5.24.0 wonderwords==3.0.1
+python3 -m pip wheel -q --no-deps -w .whl .
+rm -rf build
+ls .whl
