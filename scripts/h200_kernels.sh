@@ -9,7 +9,8 @@
 # Environment: PARTS (default "tests bench"), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: this checkout's HEAD when it has .git).
-# Output in $OUT: gpu_tests.log, kernels.log and kernels.json (keep it under docs/results/<date>/).
+# Output in $OUT: gpu_tests.log (gpu_faults.log: the tests that hit a kernel fault, rerun alone),
+# kernels.log and kernels.json (keep it under docs/results/<date>/).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 export OUT=${OUT:-/tmp/out}
@@ -27,6 +28,20 @@ if [[ " $PARTS " == *" tests "* ]]; then
     timeout "${TEST_SECONDS:-240}" python3 -m pytest -v -p no:cacheprovider --rootdir /tmp -k "$select" \
         "$REPO"/tests/test_chunk.py "$REPO"/tests/test_chunk_bwd.py "$REPO"/tests/test_fused_recurrent.py "$REPO"/tests/test_decode_fast.py \
         2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|passed|failed" | tail -40
+    # A kernel fault poisons the process's CUDA context, so every later test fails with it: rerun
+    # each failed test alone with synchronous launches (the traceback then names the faulting
+    # launch), under compute-sanitizer's memcheck when the machine allows it.
+    if grep -q "illegal memory access" "$OUT/gpu_tests.log"; then
+        sanitize=""
+        compute-sanitizer --version > /dev/null 2>&1 && sanitize="compute-sanitizer --tool memcheck --print-limit 8"
+        grep -E "^FAILED " "$OUT/gpu_tests.log" | sed -E 's/^FAILED [^:]*::([A-Za-z0-9_]+).*/\1/' | sort -u | head -8 |
+            while read -r t; do
+                echo "== alone: $t"
+                CUDA_LAUNCH_BLOCKING=1 timeout 120 $sanitize python3 -m pytest -x -q -p no:cacheprovider --rootdir /tmp \
+                    --tb=short -k "$t" "$REPO"/tests/test_chunk.py "$REPO"/tests/test_chunk_bwd.py 2>&1 | tail -30
+            done > "$OUT/gpu_faults.log"
+        grep -E "^== alone|passed|failed|Invalid|at 0x|kernel" "$OUT/gpu_faults.log" | head -40
+    fi
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
     timeout "${BENCH_SECONDS:-330}" python3 "$REPO"/bench/kernels.py --json "$OUT/kernels.json" --commit "$COMMIT" \
