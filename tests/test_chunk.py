@@ -152,10 +152,10 @@ def test_no_kernel_is_autotuned():
     """Every launch configuration is chosen by rule, so a call's time cannot depend on the shapes
     called before it: no kernel of qed_chunk / qed_recurrent sits under a triton.autotune."""
     from triton.runtime.autotuner import Autotuner, Heuristics
-    from qedprobe.kernels.qed import (chunk_bwd_intra, chunk_bwd_scan, chunk_intra, chunk_scan, chunk_wy,
-                                      fused_recurrent)
+    from qedprobe.kernels.qed import (chunk_bwd_intra, chunk_bwd_prep, chunk_bwd_scan, chunk_intra, chunk_scan,
+                                      chunk_wy, fused_recurrent)
     kernels = set()
-    for mod in (chunk_intra, chunk_wy, chunk_scan, chunk_bwd_intra, chunk_bwd_scan, fused_recurrent):
+    for mod in (chunk_intra, chunk_wy, chunk_scan, chunk_bwd_intra, chunk_bwd_scan, chunk_bwd_prep, fused_recurrent):
         for obj in vars(mod).values():
             while isinstance(obj, (Autotuner, Heuristics)):
                 assert not isinstance(obj, Autotuner), f"{mod.__name__}: an autotuned kernel"
@@ -165,7 +165,8 @@ def test_no_kernel_is_autotuned():
                 kernels.add(name)
     assert {"qed_prep_kernel", "qed_scores_kernel", "qed_inverse_kernel", "qed_wy_kernel", "qed_state_kernel",
             "qed_output_kernel",
-            "qed_recurrent_kernel", "qed_dstate_kernel", "qed_bwd_wy_kernel", "qed_bwd_scores_kernel"} <= kernels
+            "qed_recurrent_kernel", "qed_dstate_kernel", "qed_bwd_wy_kernel", "qed_bwd_scores_kernel",
+            "qed_prep_bwd_kernel"} <= kernels
 
 
 def test_rejects_bad_input():

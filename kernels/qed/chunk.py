@@ -75,7 +75,7 @@ class IntraChunk:
     wy: WYFactors
 
 
-def _precision(P: QEDProblem, q, k, v, b, w) -> tuple[torch.dtype, str]:
+def chunk_precision(P: QEDProblem, q, k, v, b, w) -> tuple[torch.dtype, str]:
     """``(inter, prec)``: dtype of the intra buffers and ``tl.dot`` precision of the forward."""
     if P.compute_dtype == torch.float64:
         return torch.float64, "ieee"
@@ -141,7 +141,7 @@ def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
              use_qk_l2norm, cu_seqlens):
     """The forward launches (no autograd): ``(o, final_state, probes, intra)``."""
-    inter, prec = _precision(P, q, k, v, b, w)
+    inter, prec = chunk_precision(P, q, k, v, b, w)
     lay = chunk_layout(P, cu_seqlens, q.device, prec)
     x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
     intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
@@ -184,7 +184,7 @@ class _QEDChunkFunction(torch.autograd.Function):
     def backward(ctx, do, dht, _dprobes):
         P, arm, z, _, _, use_qk_l2norm, cu_seqlens = ctx.opts
         q, k, v, g, b, w, lam, d, h0, aqk, ai = ctx.saved_tensors
-        inter, prec = _precision(P, q, k, v, b, w)
+        inter, prec = chunk_precision(P, q, k, v, b, w)
         lay = chunk_layout(P, cu_seqlens, q.device, prec)
         x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
         intra = chunk_intra_recompute(x, v.contiguous(), w.contiguous(), g.contiguous(), aqk, ai, scale=P.scale,

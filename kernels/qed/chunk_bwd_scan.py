@@ -87,13 +87,13 @@ def _chunk_back(dS, i_t, n_t, c0, i_hv, o_t, o_v, m_v, w, kg, qg, aqk, gl, do, d
     for i in tl.static_range(len(dS)):
         o_k = i * BKP + tl.arange(0, BKP)
         m_k = o_k < K
-        p_kt = r0 * (HV * K) + o_t[None, :] * (HV * K) + o_k[:, None]
-        m_kt = m_k[:, None] & m_t[None, :]
-        b_qgt = tl.load(qg + p_kt, mask=m_kt, other=0.)
-        b_wt = tl.load(w + p_kt, mask=m_kt, other=0.)
+        p_tk = r0 * (HV * K) + o_t[:, None] * (HV * K) + o_k[None, :]
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_qg = tl.load(qg + p_tk, mask=m_tk, other=0.)
+        b_w = tl.load(w + p_tk, mask=m_tk, other=0.)
         b_gl = tl.load(gl + i_g * K + o_k, mask=m_k, other=0.).to(dS[i].dtype)
-        out = out + (b_gl[:, None] * dS[i] + tl.dot(b_qgt, b_do, input_precision=PREC)
-                     - tl.dot(b_wt, b_dr, input_precision=PREC),)
+        out = out + (b_gl[:, None] * dS[i] + tl.dot(tl.trans(b_qg), b_do, input_precision=PREC)
+                     - tl.dot(tl.trans(b_w), b_dr, input_precision=PREC),)
     return out
 
 
