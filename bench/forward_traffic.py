@@ -108,11 +108,11 @@ def qed_launches(s: Shape, probes: bool) -> list[Launch]:
     prep = Launch("prep (qed_prep_kernel)",
                   reads=(Access("q (_stats, erase_rows)", tk, IO, 2), Access("k (_stats, erase_rows)", tk, IO, 2),
                          Access("b (_stats, erase_rows)", tk, IO, 2), Access("g", tk, F32)),
-                  writes=(Access("rq, rk, cp", 3 * tr, F32), Access("gc = G", tk, F32), Access("kg, qg, ag", 3 * tk, IO),
+                  writes=(Access("rq, rk, cp", 3 * tr, F32), Access("kg, qg, ag", 3 * tk, IO),
                           Access("gl = exp(G_last)", s.chunks * s.K, F32),
                           *p(Access("rho, e", 2 * tr, F32), Access("dg", tk, IO), Access("d (probe)", tk, F32))))
     scores = Launch("scores (qed_scores_kernel)",
-                    reads=(Access("gc: G_f key rows, G_i, span rows", tk, F32, EARLIER_KEYS + 1 + 3 * 4 / BT),
+                    reads=(Access("g: key rows (cumsum), span block", tk, F32, EARLIER_KEYS + 1),
                            Access("k: k_f key rows, erase_rows", tk, IO, EARLIER_KEYS + 1),
                            Access("q, b (erase_rows)", 2 * tk, IO), Access("rq, rk, cp (rows), rk (key rows)", 3 * tr, F32,
                                                                          (3 + EARLIER_KEYS) / 3)),
