@@ -97,40 +97,42 @@ INV_LOADED = (sum(range(BC)) * (BT // BC) + 6 * BC * BC) / (BT * BT)
 blocks (row ``i`` reads ``i`` entries) and the six blocks below them."""
 
 
-def qed_launches(s: Shape, probes: bool) -> list[Launch]:
+def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
     """``qed_chunk``'s six launches (arm full, no initial or final state), from
-    ``kernels/qed/chunk_intra.py``, ``chunk_wy.py`` and ``chunk_scan.py``."""
+    ``kernels/qed/chunk_intra.py``, ``chunk_wy.py`` and ``chunk_scan.py``; ``io`` bytes per element
+    of the inputs and intermediate buffers (``tests/test_bench.py`` checks the written bytes
+    against the wrappers' outputs with float32 ones)."""
     tk, tv, tr, ta = s.rows * s.K, s.rows * s.V, s.rows, s.rows * BT
     states = s.chunks * s.K * s.V
     nvb_state = triton.cdiv(s.V, state_config(s.K, s.V, torch.bfloat16)[0])
     nvb_out = triton.cdiv(s.V, OUTPUT_BV)
     p = lambda *acc: acc if probes else ()  # noqa: E731
     prep = Launch("prep (qed_prep_kernel)",
-                  reads=(Access("q (_stats, erase_rows)", tk, IO, 2), Access("k (_stats, erase_rows)", tk, IO, 2),
-                         Access("b (_stats, erase_rows)", tk, IO, 2), Access("g", tk, F32)),
-                  writes=(Access("rq, rk, cp", 3 * tr, F32), Access("kg, qg, ag", 3 * tk, IO),
+                  reads=(Access("q (_stats, erase_rows)", tk, io, 2), Access("k (_stats, erase_rows)", tk, io, 2),
+                         Access("b (_stats, erase_rows)", tk, io, 2), Access("g", tk, F32)),
+                  writes=(Access("rq, rk, cp", 3 * tr, F32), Access("kg, qg, ag", 3 * tk, io),
                           Access("gl = exp(G_last)", s.chunks * s.K, F32),
-                          *p(Access("rho, e", 2 * tr, F32), Access("dg", tk, IO), Access("d (probe)", tk, F32))))
+                          *p(Access("rho, e", 2 * tr, F32), Access("dg", tk, io), Access("d (probe)", tk, F32))))
     scores = Launch("scores (qed_scores_kernel)",
                     reads=(Access("g: key rows (cumsum), span block", tk, F32, EARLIER_KEYS + 1),
-                           Access("k: k_f key rows, erase_rows", tk, IO, EARLIER_KEYS + 1),
-                           Access("q, b (erase_rows)", 2 * tk, IO), Access("rq, rk, cp (rows), rk (key rows)", 3 * tr, F32,
+                           Access("k: k_f key rows, erase_rows", tk, io, EARLIER_KEYS + 1),
+                           Access("q, b (erase_rows)", 2 * tk, io), Access("rq, rk, cp (rows), rk (key rows)", 3 * tr, F32,
                                                                          (3 + EARLIER_KEYS) / 3)),
-                    writes=(Access("aqk", ta, IO), Access("akk", ta, F32), *p(Access("adk", ta, IO))))
+                    writes=(Access("aqk", ta, io), Access("akk", ta, F32), *p(Access("adk", ta, io))))
     inverse = Launch("inverse (qed_inverse_kernel)", reads=(Access("akk", ta * INV_LOADED, F32),),
-                     writes=(Access("ai (incl. zero blocks)", ta, IO),))
+                     writes=(Access("ai (incl. zero blocks)", ta, io),))
     wy = Launch("W/U (qed_wy_kernel)",
-                reads=(Access("ai", ta, IO), Access("ag", tk, IO), Access("v, w_gate", 2 * tv, IO)),
-                writes=(Access("w = W", tk, IO), Access("u = U", tv, IO)))
+                reads=(Access("ai", ta, io), Access("ag", tk, io), Access("v, w_gate", 2 * tv, io)),
+                writes=(Access("w = W", tk, io), Access("u = U", tv, io)))
     state = Launch("state scan (qed_state_kernel)",
-                   reads=(Access("w, kg", 2 * tk, IO, nvb_state), Access("u", tv, IO),
+                   reads=(Access("w, kg", 2 * tk, io, nvb_state), Access("u", tv, io),
                           Access("gl", s.chunks * s.K, F32, nvb_state)),
-                   writes=(Access("hs (chunk-start states)", states, IO), Access("r (residuals)", tv, IO)))
+                   writes=(Access("hs (chunk-start states)", states, io), Access("r (residuals)", tv, io)))
     output = Launch("output (qed_output_kernel)",
-                    reads=(Access("hs", states, IO), Access("r", tv, IO), Access("qg", tk, IO, nvb_out),
-                           Access("aqk (lower)", ta * LOWER, IO, nvb_out),
-                           *p(Access("dg", tk, IO, nvb_out), Access("adk (strict lower)", ta * STRICT, IO, nvb_out))),
-                    writes=(Access("o", tv, IO), *p(Access("Sd (probe)", tv, F32))))
+                    reads=(Access("hs", states, io), Access("r", tv, io), Access("qg", tk, io, nvb_out),
+                           Access("aqk (lower)", ta * LOWER, io, nvb_out),
+                           *p(Access("dg", tk, io, nvb_out), Access("adk (strict lower)", ta * STRICT, io, nvb_out))),
+                    writes=(Access("o", tv, io), *p(Access("Sd (probe)", tv, F32))))
     return [prep, scores, inverse, wy, state, output]
 
 

@@ -55,6 +55,9 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("profile_sweep", "profile_sweep.py",
               "one sweep batch phase by phase (pack, prefill, graph capture, graph / eager decode) and "
               "the top ops of each under torch.profiler", "cuda (cpu smoke: --tiny --device cpu)"),
+    Benchmark("forward_traffic", "forward_traffic.py",
+              "an analytic model (not a measurement) of the bytes each qed_chunk forward launch reads and "
+              "writes, against fla chunk_gdn2's forward launches", "none"),
     Benchmark("registers", "chunk_aot.py",
               "shared memory, registers and spills per chunk kernel, compiled for sm_90 by Triton's "
               "AOT path and its ptxas", "none"),

@@ -1,15 +1,20 @@
-"""bench/ holds registered benchmarks only, and its runner runs them (CPU smoke of the sweep benchmark)."""
+"""bench/ holds registered benchmarks only, and its runner runs them (CPU smoke of the sweep benchmark);
+the forward traffic model's written bytes are those of the kernels' wrappers."""
 import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from helpers import chunk_inputs, low_precision, op_args
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 sys.path.insert(0, str(BENCH))  # the runner imports its sibling registry.py by that name
 try:
+    import forward_traffic
     import registry
     import run
 finally:
@@ -70,3 +75,39 @@ def test_sweep_benchmark_resumes_and_sums_its_calls(tmp_path, capsys):
     (tmp_path / "grid" / "bench_timing.json").unlink()  # as if the calls so far were killed before writing it
     third = _sweep_bench(tmp_path, capsys, "--lengths", "512,1K", "--budget", "16")
     assert (third["rows"], third["calls"], third["untimed_rows"], third["target_met"]) == (4, 1, 4, None)
+
+
+@pytest.mark.parametrize("probes", [False, True])
+def test_forward_traffic_model_writes_what_the_wrappers_write(probes):
+    """Per qed_chunk forward launch, the model's written bytes equal the tensors the wrapper
+    allocates and fills (float32 inputs, so 4-byte intermediates in the interpreter; T=100 leaves
+    a partial chunk)."""
+    from qedprobe.kernels.qed.chunk import chunk_precision, direction_inputs
+    from qedprobe.kernels.qed.chunk_common import chunk_layout
+    from qedprobe.kernels.qed.chunk_intra import chunk_prep_fwd, chunk_scores_fwd
+    from qedprobe.kernels.qed.chunk_scan import chunk_output_fwd, chunk_state_fwd
+    from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd, chunk_wy_fwd
+    from qedprobe.kernels.qed.inputs import check_qed_inputs
+    x, _ = low_precision(chunk_inputs(B=1, seed=0), torch.float32)
+    q, k, v, g, b, w, lam = op_args(x)
+    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
+                         initial_state=None, cu_seqlens=None)
+    inter, prec = chunk_precision(P, q, k, v, b, w)
+    lay = chunk_layout(P, None, q.device, prec)
+    xd = direction_inputs(P, q, k, b, lam, "full", None, None, True)
+    kw = dict(scale=P.scale, lay=lay, inter_dtype=inter, probes=probes)
+    prep = chunk_prep_fwd(xd, g, **kw)
+    scores = chunk_scores_fwd(xd, prep, g, **kw)
+    ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
+    wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
+    hs, r = torch.empty(lay.NC, P.HV, P.K, P.V), torch.empty_like(v)
+    chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=prep.kg, gl=prep.gl, hs=hs, r=r, T=P.T, N=P.N)
+    o, sd = torch.empty_like(v), (torch.empty_like(v) if probes else None)
+    chunk_output_fwd(lay, qg=prep.qg, aqk=scores.aqk, hs=hs, r=r, o=o, dg=prep.dg if probes else None,
+                     adk=scores.adk, sd=sd)
+    nbytes = lambda *ts: sum(t.numel() * t.element_size() for t in ts if t is not None)  # noqa: E731
+    wrote = [nbytes(*vars(prep).values()), nbytes(*vars(scores).values()), nbytes(ai), nbytes(*vars(wy).values()),
+             nbytes(hs, r), nbytes(o, sd)]
+    model = forward_traffic.qed_launches(forward_traffic.Shape(1, P.T, P.HV, P.K, P.V), probes, io=4)
+    assert [ln.total("unique")[1] for ln in model] == wrote
+    assert o.abs().max() > 0 and (not probes or sd.abs().max() > 0)
