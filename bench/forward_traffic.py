@@ -7,8 +7,9 @@ the kernel's loads and stores (the kernel and line each one comes from is named 
 tensor sizes are those the wrappers allocate for bf16 ``q, k, v, b, w``, float32 ``g`` and
 state, on a GPU (intermediate buffers in bf16, ``chunk.chunk_precision``). Per access:
 
-* ``elems``: elements of the tensor the launch touches (masked-off elements not counted:
-  e.g. only the lower triangle of a causal ``[BT, BT]`` tile);
+* ``elems``: elements of the tensor (as allocated), ``share``: the fraction of them the
+  launch touches (masked-off elements not counted: e.g. only the lower triangle of a causal
+  ``[BT, BT]`` tile);
 * ``times``: how many programs request the same element (e.g. one per value block when the
   grid splits V; a score row block re-reading the earlier key rows of its chunk).
 
@@ -57,17 +58,22 @@ class Shape:
 
 @dataclass(frozen=True)
 class Access:
-    """One tensor a launch reads or writes: ``elems`` elements of ``nbytes`` each, requested
-    ``times`` over."""
+    """One tensor a launch reads or writes: a ``share`` of its ``elems`` elements of ``nbytes``
+    each, requested ``times`` over."""
 
     tensor: str
     elems: float
     nbytes: int
     times: float = 1.0
+    share: float = 1.0
+
+    @property
+    def allocated(self) -> float:
+        return self.elems * self.nbytes
 
     @property
     def unique(self) -> float:
-        return self.elems * self.nbytes
+        return self.allocated * self.share
 
     @property
     def requested(self) -> float:
@@ -81,7 +87,7 @@ class Launch:
     writes: tuple
 
     def total(self, kind: str) -> tuple[float, float]:
-        """``(read, written)`` bytes, ``kind`` ``"unique"`` or ``"requested"``."""
+        """``(read, written)`` bytes, ``kind`` ``"unique"``, ``"requested"`` or ``"allocated"``."""
         return (sum(getattr(a, kind) for a in self.reads), sum(getattr(a, kind) for a in self.writes))
 
 
@@ -92,6 +98,9 @@ STRICT = (BT - 1) / (2 * BT)
 EARLIER_KEYS = sum(i + 1 for i in range(BT // BC)) / (BT // BC)
 """Key-row blocks the four row-block programs of the scores kernel read, per chunk, in chunks
 (row block ``i`` reads key rows ``0 .. (i+1) BC - 1``)."""
+BLOCKS_ON_AND_BELOW = sum(range(1, BT // BC + 1)) / (BT // BC) ** 2
+"""Fraction of a ``[BT, BT]`` tile in the ``BC``-blocks on and below the diagonal (what the
+scores kernel and the block inverse write)."""
 INV_LOADED = (sum(range(BC)) * (BT // BC) + 6 * BC * BC) / (BT * BT)
 """Fraction of ``A_kk`` the block inverse loads: the strict lower part of the four diagonal
 blocks (row ``i`` reads ``i`` entries) and the six blocks below them."""
@@ -118,11 +127,12 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
                            Access("k: k_f key rows, erase_rows", tk, io, EARLIER_KEYS + 1),
                            Access("q, b (erase_rows)", 2 * tk, io), Access("rq, rk, cp (rows), rk (key rows)", 3 * tr, F32,
                                                                          (3 + EARLIER_KEYS) / 3)),
-                    writes=(Access("aqk", ta, io), Access("akk", ta, F32), *p(Access("adk", ta, io))))
-    inverse = Launch("inverse (qed_inverse_kernel)", reads=(Access("akk", ta * INV_LOADED, F32),),
-                     writes=(Access("ai (incl. zero blocks)", ta, io),))
+                    writes=(Access("aqk", ta, io, share=BLOCKS_ON_AND_BELOW), Access("akk", ta, F32, share=BLOCKS_ON_AND_BELOW),
+                            *p(Access("adk", ta, io, share=BLOCKS_ON_AND_BELOW))))
+    inverse = Launch("inverse (qed_inverse_kernel)", reads=(Access("akk", ta, F32, share=INV_LOADED),),
+                     writes=(Access("ai", ta, io, share=BLOCKS_ON_AND_BELOW),))
     wy = Launch("W/U (qed_wy_kernel)",
-                reads=(Access("ai", ta, io), Access("ag", tk, io), Access("v, w_gate", 2 * tv, io)),
+                reads=(Access("ai (lower)", ta, io, share=LOWER), Access("ag", tk, io), Access("v, w_gate", 2 * tv, io)),
                 writes=(Access("w = W", tk, io), Access("u = U", tv, io)))
     state = Launch("state scan (qed_state_kernel)",
                    reads=(Access("w, kg", 2 * tk, io, nvb_state), Access("u", tv, io),
@@ -130,8 +140,8 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
                    writes=(Access("hs (chunk-start states)", states, io), Access("r (residuals)", tv, io)))
     output = Launch("output (qed_output_kernel)",
                     reads=(Access("hs", states, io), Access("r", tv, io), Access("qg", tk, io, nvb_out),
-                           Access("aqk (lower)", ta * LOWER, io, nvb_out),
-                           *p(Access("dg", tk, io, nvb_out), Access("adk (strict lower)", ta * STRICT, io, nvb_out))),
+                           Access("aqk (lower)", ta, io, nvb_out, LOWER),
+                           *p(Access("dg", tk, io, nvb_out), Access("adk (strict lower)", ta, io, nvb_out, STRICT))),
                     writes=(Access("o", tv, io), *p(Access("Sd (probe)", tv, F32))))
     return [prep, scores, inverse, wy, state, output]
 
@@ -153,11 +163,12 @@ def fla_launches(s: Shape, state_bv: int, output_bv: int) -> list[Launch]:
         Launch("intra_token_parallel", reads=(Access("q, b (own row)", 2 * tk, IO),
                                               Access("k (own row + sub-chunk rows)", tk, IO, 1 + sub),
                                               Access("g (own row + sub-chunk rows)", tk, F32, 1 + sub)),
-               writes=(Access("Aqk diagonal blocks", tr * sub, IO), Access("Akkd", tr * sub, F32))),
+               writes=(Access("Aqk diagonal blocks", ta, IO, share=sub / BT), Access("Akkd", tr * BC, F32, share=sub / BC))),
         Launch("inter_solve_fused", reads=(Access("k, g: all sub-chunks", tk, IO + F32),
-                                           Access("q, b: sub-chunks 1-3", 2 * tk * 0.75, IO),
+                                           Access("q, b: sub-chunks 1-3", 2 * tk, IO, share=0.75),
                                            Access("Akkd", tr * BC, F32)),
-               writes=(Access("Aqk off-diagonal blocks", ta * 6 / 16, IO), Access("Akk^-1 lower blocks", ta * 10 / 16, IO))),
+               writes=(Access("Aqk off-diagonal blocks", ta, IO, share=6 / 16),
+                       Access("Akk^-1 lower blocks", ta, IO, share=10 / 16))),
         Launch("recompute_w_u_fwd_gdn2", reads=(Access("Akk^-1", ta, IO), Access("v, w_gate", 2 * tv, IO),
                                                 Access("k, b", 2 * tk, IO), Access("g cumsum", tk, F32)),
                writes=(Access("u", tv, IO), Access("w", tk, IO), Access("kg", tk, IO))),

@@ -78,10 +78,10 @@ def test_sweep_benchmark_resumes_and_sums_its_calls(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("probes", [False, True])
-def test_forward_traffic_model_writes_what_the_wrappers_write(probes):
-    """Per qed_chunk forward launch, the model's written bytes equal the tensors the wrapper
-    allocates and fills (float32 inputs, so 4-byte intermediates in the interpreter; T=100 leaves
-    a partial chunk)."""
+def test_forward_traffic_model_writes_what_the_wrappers_allocate(probes):
+    """Per qed_chunk forward launch, the tensors the model has it write are those the wrapper
+    allocates (float32 inputs, so 4-byte intermediates in the interpreter; T=100 leaves a partial
+    chunk)."""
     from qedprobe.kernels.qed.chunk import chunk_precision, direction_inputs
     from qedprobe.kernels.qed.chunk_common import chunk_layout
     from qedprobe.kernels.qed.chunk_intra import chunk_prep_fwd, chunk_scores_fwd
@@ -109,5 +109,5 @@ def test_forward_traffic_model_writes_what_the_wrappers_write(probes):
     wrote = [nbytes(*vars(prep).values()), nbytes(*vars(scores).values()), nbytes(ai), nbytes(*vars(wy).values()),
              nbytes(hs, r), nbytes(o, sd)]
     model = forward_traffic.qed_launches(forward_traffic.Shape(1, P.T, P.HV, P.K, P.V), probes, io=4)
-    assert [ln.total("unique")[1] for ln in model] == wrote
+    assert [ln.total("allocated")[1] for ln in model] == wrote
     assert o.abs().max() > 0 and (not probes or sd.abs().max() > 0)

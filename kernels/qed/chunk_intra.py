@@ -384,7 +384,7 @@ def qed_scores_kernel(
         if PROBES:
             accd += cd
     ri = (i_i * BC + o_c)[:, None]
-    mc = o_t < BT
+    mc = o_t < (i_i + 1) * BC                   # the column blocks on and below the diagonal
     off = i_hv * BT
     store_tile(aqk + off, tl.where(ri >= o_t[None, :], accq, 0.) * scale, r_i, m_i, o_t, mc, HV * BT)
     store_tile(akk + off, tl.where(ri > o_t[None, :], acck, 0.), r_i, m_i, o_t, mc, HV * BT)
@@ -396,7 +396,10 @@ def qed_scores_kernel(
 class Scores:
     """The chunk-local score matrices, ``[B, T, HV, BT]`` (row ``t`` holds its chunk's row):
     ``aqk`` (causal incl. diagonal, scaled; intermediate dtype), ``akk`` (strictly causal; state
-    dtype) and, with probes, ``adk`` (strictly causal; intermediate dtype), else ``None``."""
+    dtype) and, with probes, ``adk`` (strictly causal; intermediate dtype), else ``None``. Only
+    the ``BC``-column blocks on and below the diagonal are written (zeros above the diagonal
+    inside them); the blocks above are left as allocated, and every reader masks its loads to
+    the causal part."""
 
     aqk: torch.Tensor
     akk: torch.Tensor

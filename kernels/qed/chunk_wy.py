@@ -6,6 +6,8 @@ strictly lower ``[BT, BT]`` chunk matrix ``A_kk``, in blocks of ``BC = 16`` rows
 diagonal blocks at once by forward substitution on a ``[4, 16, 16]`` tile (row ``i`` =
 ``e_i - sum_{m<i} A[i, m] row m``, the rows of ``A`` loaded from memory: 15 dependent steps),
 then the off-diagonal blocks by block products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``.
+It reads only the blocks of ``A_kk`` on and below the diagonal and writes only those of ``Ai``
+(the blocks above are left as allocated: every reader masks its loads to the lower triangle).
 The unrolling is written for ``BT = 4 * BC`` (checked on the host).
 
 ``qed_wy_kernel`` (one program per chunk and value head), as fla's ``wy_fast.py``:
@@ -103,19 +105,12 @@ def qed_inverse_kernel(
     i20 = -_mm(i22, _mm(k20, i00) + _mm(k21, i10))
     i31 = -_mm(i33, _mm(k31, i11) + _mm(k32, i21))
     i30 = -_mm(i33, _mm(k30, i00) + _mm(k31, i10) + _mm(k32, i20))
-    zero = i00 * 0.
     _set(ai, i00, c0, eos, 0, 0, HV, BT, BC)
-    _set(ai, zero, c0, eos, 0, 1, HV, BT, BC)
-    _set(ai, zero, c0, eos, 0, 2, HV, BT, BC)
-    _set(ai, zero, c0, eos, 0, 3, HV, BT, BC)
     _set(ai, i10, c0, eos, 1, 0, HV, BT, BC)
     _set(ai, i11, c0, eos, 1, 1, HV, BT, BC)
-    _set(ai, zero, c0, eos, 1, 2, HV, BT, BC)
-    _set(ai, zero, c0, eos, 1, 3, HV, BT, BC)
     _set(ai, i20, c0, eos, 2, 0, HV, BT, BC)
     _set(ai, i21, c0, eos, 2, 1, HV, BT, BC)
     _set(ai, i22, c0, eos, 2, 2, HV, BT, BC)
-    _set(ai, zero, c0, eos, 2, 3, HV, BT, BC)
     _set(ai, i30, c0, eos, 3, 0, HV, BT, BC)
     _set(ai, i31, c0, eos, 3, 1, HV, BT, BC)
     _set(ai, i32, c0, eos, 3, 2, HV, BT, BC)
@@ -124,7 +119,8 @@ def qed_inverse_kernel(
 
 def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.dtype) -> torch.Tensor:
     """``(I + A_kk)^{-1}`` per chunk, ``[B, T, HV, BT]`` (``qed_inverse_kernel``): computed in the
-    state dtype, stored in ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse)."""
+    state dtype, stored in ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse); only
+    its blocks on and below the diagonal are written (readers mask to the lower triangle)."""
     B, T, HV, bt = akk.shape
     if bt != BT or BT != 4 * BC:
         raise ValueError(f"qed_inverse_kernel unrolls a chunk of BT = 4 x BC = {4 * BC} rows, "
@@ -149,7 +145,8 @@ def qed_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    b_ai = load_tile(ai + i_hv * BT, rows, m_t, o_t, o_t < BT, HV * BT, DT).to(ag.dtype.element_ty)
+    b_ai = tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
+                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(ag.dtype.element_ty)
 
     off = i_hv * K
     for i_k in range(tl.cdiv(K, BKS)):
