@@ -111,3 +111,22 @@ def test_forward_traffic_model_writes_what_the_wrappers_allocate(probes):
     model = forward_traffic.qed_launches(forward_traffic.Shape(1, P.T, P.HV, P.K, P.V), probes, io=4)
     assert [ln.total("allocated")[1] for ln in model] == wrote
     assert o.abs().max() > 0 and (not probes or sd.abs().max() > 0)
+
+
+def test_forward_traffic_joins_measured_kernel_times():
+    """``--measured``: per kernel the model's bytes over the profiler's ms (names cut to 40
+    characters as bench/kernels.py --parts writes them; fla's two L2-norm launches summed)."""
+    s = forward_traffic.Shape(8, 4096, 16, 128, 128)
+    qed, fla = forward_traffic.qed_launches(s, False), forward_traffic.fla_launches(s, 64, 64)
+    intra = "chunk_gdn2_fwd_kernel_intra_token_parallel"
+    rows = [{"name": "  qed: qed_prep_kernel", "ms": 0.5}, {"name": "  qed+probes: qed_prep_kernel", "ms": 9.0},
+            {"name": f"  fla: {intra[:40]}", "ms": 0.25}, {"name": "  fla: l2norm_fwd_kernel", "ms": 0.1}]
+    mb = lambda *lns: sum(sum(ln.total("unique")) for ln in lns) / 1e6  # noqa: E731
+    got = forward_traffic.measured("t", qed, rows, "qed")
+    assert got[2] == f"| qed_prep_kernel | {mb(qed[0]):,.0f} | 0.500 | {mb(qed[0]) / 0.5:,.0f} | " \
+                     f"{mb(qed[0]) / 0.5 / 4800:.0%} |"
+    assert got[3] == f"| qed_scores_kernel | {mb(qed[1]):,.0f} | no row | | |"
+    assert got[-1].startswith(f"| **all with a row** | **{mb(qed[0]):,.0f}** | **0.500** |")
+    got = {r.split(" | ")[0][2:]: r.split(" | ")[1:4] for r in forward_traffic.measured("t", fla, rows, "fla")[2:]}
+    assert got["l2norm_fwd_kernel"] == [f"{mb(fla[0], fla[1]):,.0f}", "0.100", f"{mb(fla[0], fla[1]) / 0.1:,.0f}"]
+    assert got[intra][1] == "0.250"
