@@ -6,11 +6,13 @@
 #
 # Wheels: `bash scripts/device_wheels.sh` here (after every change), then
 #   run(command="bash scripts/h200_kernels.sh", carry=[".whl"])
-# Environment: PARTS (default "tests bench"), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
+# Environment: PARTS (default "tests bench"; "traffic": per-kernel times joined with the byte model of
+# bench/forward_traffic.py, and scripts/scan_configs.py), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: this checkout's HEAD when it has .git).
 # Output in $OUT: gpu_tests.log (gpu_faults.log: the tests that hit a kernel fault, rerun alone),
-# kernels.log and kernels.json (keep it under docs/results/<date>/).
+# kernels.log and kernels.json (keep it under docs/results/<date>/); with "traffic" kernels_parts.json,
+# forward_traffic.md, scan_configs.json.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 export OUT=${OUT:-/tmp/out}
@@ -46,4 +48,10 @@ fi
 if [[ " $PARTS " == *" bench "* ]]; then
     timeout "${BENCH_SECONDS:-330}" python3 "$REPO"/bench/kernels.py --json "$OUT/kernels.json" --commit "$COMMIT" \
         --budget $(( ${BENCH_SECONDS:-330} - 30 )) 2>&1 | tee "$OUT/kernels.log" | tail -60
+fi
+if [[ " $PARTS " == *" traffic "* ]]; then
+    timeout 300 python3 "$REPO"/bench/kernels.py --quick --parts --json "$OUT/kernels_parts.json" --commit "$COMMIT" \
+        2>&1 | tail -40
+    python3 "$REPO"/bench/forward_traffic.py --measured "$OUT/kernels_parts.json" | tee "$OUT/forward_traffic.md" | tail -40
+    timeout 200 python3 "$REPO"/scripts/scan_configs.py --json "$OUT/scan_configs.json" 2>&1 | tail -20
 fi

@@ -135,13 +135,16 @@ OUTPUT_WARPS = 8
 value head and value block)."""
 
 
-def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=None, T: int, N: int) -> None:
+def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=None, T: int, N: int,
+                    config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_state_kernel`` (grid: value blocks x sequences x value heads): writes the
     chunk-start states ``hs`` ``[NC, HV, K, V]`` and, when given, the residuals ``r``
-    ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states."""
+    ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states. ``config``
+    ``(BV, num_warps, num_stages)`` overrides :func:`state_config` (for screening configurations,
+    ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
     V = u.shape[-1]
-    BV, num_warps, num_stages = state_config(K, V, w.dtype)
+    BV, num_warps, num_stages = config or state_config(K, V, w.dtype)
     qed_state_kernel[(triton.cdiv(V, BV), N * HV)](
         w=w, u=u, kg=kg, gl=gl, h0=h0, hs=hs, r=r, ht=ht,
         cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T,
@@ -150,15 +153,16 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=N
     )
 
 
-def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None) -> None:
-    """Launch ``qed_output_kernel`` (grid: chunks x value heads x value blocks): writes ``o`` and,
-    with probes, ``sd`` (from ``dg, adk``)."""
+def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None, bv: int = OUTPUT_BV,
+                     num_warps: int = OUTPUT_WARPS) -> None:
+    """Launch ``qed_output_kernel`` (grid: chunks x value heads x value blocks of ``bv``): writes
+    ``o`` and, with probes, ``sd`` (from ``dg, adk``)."""
     _, T, HV, K = qg.shape
     V = r.shape[-1]
     BK = triton.next_power_of_2(K)
-    BV = min(OUTPUT_BV, triton.next_power_of_2(V))
+    BV = min(bv, triton.next_power_of_2(V))
     qed_output_kernel[(*lay.grid, triton.cdiv(V, BV))](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PREC=lay.prec, num_warps=OUTPUT_WARPS, num_stages=1,
+        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PREC=lay.prec, num_warps=num_warps, num_stages=1,
     )

@@ -1,0 +1,102 @@
+"""Time the two scan launches of the ``qed_chunk`` forward under other launch configurations at
+the benchmark shape, each result compared with the rule configuration's.
+
+    python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--json PATH]
+
+Why: at its rule configuration (``chunk_scan.state_config``) the state scan holds 255 registers
+per thread at 8 warps, so one program fits per SM and its ``N * HV * cdiv(V, BV)`` programs (256
+at the benchmark shape) run in two waves on an H200's 132 SMs, each program walking every chunk
+in order; at 4 warps two fit per SM (docs/BENCHMARKS.md, "Bytes per forward launch", has the
+registers and spills of each configuration). The output kernel at ``BV = 128`` reads ``qg`` and
+``A_qk`` once instead of twice. The fastest configuration that matches becomes the rule.
+
+Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
+Prints one line per configuration; ``--json`` writes the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from qedprobe.kernels.qed.chunk import chunk_intra_fwd, chunk_precision, direction_inputs
+from qedprobe.kernels.qed.chunk_common import chunk_layout
+from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, OUTPUT_WARPS, chunk_output_fwd, chunk_state_fwd, state_config
+from qedprobe.kernels.qed.inputs import check_qed_inputs
+
+STATE_CONFIGS = [(bv, warps, stages) for bv in (16, 32, 64) for warps in (4, 8) for stages in (1, 2)]
+OUTPUT_CONFIGS = [(bv, warps) for bv in (64, 128) for warps in (4, 8)]
+
+
+def inputs(B, T, H, K, V, dev):
+    """The benchmark's inputs (``bench/kernels.py``): bf16 q, k, v, b, w, float32 ``g``, lam 0.1."""
+    torch.manual_seed(0)
+    bf = dict(device=dev, dtype=torch.bfloat16)
+    return (torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, V, **bf) * 0.5,
+            -torch.rand(B, T, H, K, device=dev) * 0.1, torch.rand(B, T, H, K, **bf), torch.rand(B, T, H, V, **bf),
+            0.1 * torch.ones(H, device=dev))
+
+
+def timed(fn) -> float:
+    """Median ms of ``fn`` (``do_bench``) on a GPU; one call's wall time in the interpreter."""
+    if torch.cuda.is_available():
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for n, v in dict(B=8, T=4096, H=16, K=128, V=128).items():
+        ap.add_argument(f"--{n}", type=int, default=v)
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, g, b, w, lam = inputs(a.B, a.T, a.H, a.K, a.V, dev)
+    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
+                         initial_state=None, cu_seqlens=None)
+    inter, prec = chunk_precision(P, q, k, v, b, w)
+    lay = chunk_layout(P, None, dev, prec)
+    intra = chunk_intra_fwd(direction_inputs(P, q, k, b, lam, "full", None, None, True), v, w, g, scale=P.scale,
+                            lay=lay, inter=inter, probes=False)
+    hs, r = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter), torch.empty_like(intra.wy.u)
+    o = torch.empty_like(v)
+
+    def state(config):
+        return lambda: chunk_state_fwd(lay, w=intra.wy.w, u=intra.wy.u, kg=intra.prep.kg, gl=intra.prep.gl, hs=hs,
+                                       r=r, T=P.T, N=P.N, config=config)
+
+    def output(bv, warps):
+        return lambda: chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, bv=bv, num_warps=warps)
+
+    rule = state_config(P.K, P.V, inter)
+    state(rule)()
+    ref_hs, ref_r = hs.clone(), r.clone()
+    output(OUTPUT_BV, OUTPUT_WARPS)()
+    ref_o = o.clone()
+    rows = []
+    for cfg in STATE_CONFIGS:
+        t = timed(state(cfg))
+        rows.append(dict(kernel="qed_state_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2],
+                         programs=triton.cdiv(P.V, cfg[0]) * P.N * P.HV, ms=round(t, 4), rule=cfg == rule,
+                         max_diff=max((hs - ref_hs).abs().max().item(), (r - ref_r).abs().max().item())))
+        print(rows[-1], flush=True)
+    state(rule)()  # the output kernel reads the rule configuration's states and residuals
+    for bv, warps in OUTPUT_CONFIGS:
+        t = timed(output(bv, warps))
+        rows.append(dict(kernel="qed_output_kernel", BV=bv, warps=warps, ms=round(t, 4),
+                         rule=(bv, warps) == (OUTPUT_BV, OUTPUT_WARPS), max_diff=(o - ref_o).abs().max().item()))
+        print(rows[-1], flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(shape=vars(a), device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
