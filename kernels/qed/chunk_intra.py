@@ -363,13 +363,13 @@ def qed_scores_kernel(
     accd = tl.zeros([BC, BT], dtype=DT)
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
+        b_q, _k, b_a, b_d = erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
+                                       H, HV, K, DIR_SOURCE, DIR_GATED, DT)
         G_f, G_i = _chunk_G(g, rows, jm, cols, m_c, i_i, HV, K, BT, BC, BKS, DT)
         gs = tile_row(G_i, 0, BC)
         k_f = load_tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
-        b_q, _k, b_a, b_d = erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
-                                       H, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
         kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
+        e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
         cq = tl.dot(b_q * e1, kr, input_precision=PREC)
         ck = tl.dot(b_a * e1, kr, input_precision=PREC)
         if PROBES:
