@@ -188,6 +188,31 @@ def test_sweep_on_the_fast_path_writes_the_plain_rows(tmp_path):
         sweep_fast_path(model, 2)
 
 
+def test_default_fast_path_that_fails_to_compile_falls_back_to_the_plain_path(tmp_path, monkeypatch):
+    """The default fast path (CUDA's, here forced on CPU with dynamo's uncompiled backend) that
+    fails to compile after a first batch: a warning, and the remaining rows from the plain path,
+    equal to a plain sweep's. An explicitly requested fast path that fails raises."""
+    model = tiny_model()
+    plain = run_sweep(model, out=tmp_path / "plain", **SWEEP)
+    default = sweep.sweep_fast_path
+    monkeypatch.setattr(sweep, "sweep_fast_path", lambda m, fp: "eager" if fp is None else default(m, fp))
+    real_run_batch, calls = sweep.run_batch, []
+
+    def failing_second_batch(model, *args, **kwargs):
+        calls.append(getattr(model, "fast_path", None) is not None)
+        if calls == [True, True]:
+            raise torch._dynamo.exc.InternalTorchDynamoError("simulated compile failure")
+        return real_run_batch(model, *args, **kwargs)
+    monkeypatch.setattr(sweep, "run_batch", failing_second_batch)
+    with pytest.warns(RuntimeWarning, match="fast path did not compile .*simulated compile failure"):
+        result = run_sweep(model, out=tmp_path / "fallback", **SWEEP)
+    assert result.fast_path is None and result.missing == 0 and calls == [True, True, False]
+    assert load_results(tmp_path / "fallback") == load_results(tmp_path / "plain")
+    calls.clear()
+    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError):
+        run_sweep(model, out=tmp_path / "explicit", fast_path="eager", **SWEEP)
+
+
 def test_sweep_time_limit_stops_between_batches_and_resumes(tmp_path):
     model = tiny_model()
     stopped = run_sweep(model, out=tmp_path / "s", time_limit=0, **SWEEP)

@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import math
 import os
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -514,6 +516,13 @@ def sweep_fast_path(model, fast_path) -> str | None:
     return fast_path
 
 
+def compile_failure(err: BaseException) -> bool:
+    """Whether ``err`` is ``torch.compile`` failing (dynamo's or a backend's error), as opposed to
+    an error of the model or the data, which the plain path would hit as well."""
+    from torch._dynamo.exc import TorchDynamoException
+    return isinstance(err, TorchDynamoException)
+
+
 def _path_block(model, backend):
     """The block a sweep's batches run in: the fast path with ``backend``, or nothing (plain)."""
     if backend is None:
@@ -665,7 +674,9 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
     ``QEDModel.generate``); False forces eager steps. Rows are the same either way.
     ``fast_path``: run the model's compiled fast path (:func:`sweep_fast_path`: by default on CUDA
     for a ``QEDModel``; False forces the plain path). Its rows equal the plain path's up to float
-    rounding (``qedprobe.model.fast``), so a folder keeps rows of either.
+    rounding (``qedprobe.model.fast``), so a folder keeps rows of either. When the default fast
+    path fails to compile (:func:`compile_failure`), the sweep warns and runs the rest on the
+    plain path; an explicitly requested one raises.
     ``time_limit``: seconds after which no new batch starts (a batch is not started when the last
     one's time would take it past the limit); the rows written stay, ``SweepResult.missing``
     counts the others and a rerun resumes.
@@ -706,11 +717,23 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
         batches = plan_batches(store.done, lengths, strengths, samples,
                                lambda L: batch_size or _default_batch(L, device_type, batch_tokens))
         backend = sweep_fast_path(model, fast_path)
-        with _path_block(model, backend):
-            timings = run_batches(model, nt, store, batches[dist.rank()::dist.world_size()], samples=samples,
-                                  seed=seed, iv=Intervention(layers, heads, phase, allow_extrapolation),
-                                  decode=decode, cuda_graph=cuda_graph, progress=progress,
-                                  deadline=None if time_limit is None else t_start + time_limit)
+        run = functools.partial(run_batches, model, nt, store, samples=samples, seed=seed,
+                                iv=Intervention(layers, heads, phase, allow_extrapolation), decode=decode,
+                                cuda_graph=cuda_graph, progress=progress,
+                                deadline=None if time_limit is None else t_start + time_limit)
+        try:
+            with _path_block(model, backend):
+                timings = run(batches[dist.rank()::dist.world_size()])
+        except Exception as err:  # noqa: BLE001 - only a failed compile of the default fast path is retried
+            if fast_path is not None or backend is None or not compile_failure(err):
+                raise
+            warnings.warn(f"run_sweep: the fast path did not compile ({type(err).__name__}: {err}); the rest of "
+                          "the sweep runs the plain path (pass fast_path=False, --eager, to skip the attempt)",
+                          RuntimeWarning, stacklevel=2)
+            backend = None
+            batches = plan_batches(store.done, lengths, strengths, samples,
+                                   lambda L: batch_size or _default_batch(L, device_type, batch_tokens))
+            timings = run(batches[dist.rank()::dist.world_size()])
     finally:
         if not isinstance(out, ResultsStore):
             store.close()
