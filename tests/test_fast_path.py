@@ -193,7 +193,7 @@ def test_default_fast_path_that_fails_to_compile_falls_back_to_the_plain_path(tm
     fails to compile after a first batch: a warning, and the remaining rows from the plain path,
     equal to a plain sweep's. An explicitly requested fast path that fails raises."""
     model = tiny_model()
-    plain = run_sweep(model, out=tmp_path / "plain", **SWEEP)
+    run_sweep(model, out=tmp_path / "plain", **SWEEP)
     default = sweep.sweep_fast_path
     monkeypatch.setattr(sweep, "sweep_fast_path", lambda m, fp: "eager" if fp is None else default(m, fp))
     real_run_batch, calls = sweep.run_batch, []
