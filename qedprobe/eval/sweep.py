@@ -465,6 +465,18 @@ def plan_batches(done, lengths, strengths, samples, batch_size_of) -> list[Sweep
     return batches
 
 
+def still_missing(batches, done) -> list[SweepBatch]:
+    """``batches`` less the rows now in ``done`` (a batch left with nothing to do is dropped):
+    what a rank still owes of the batches it was dealt."""
+    left = []
+    for b in batches:
+        todo = [(s, [i for i in who if (b.length, strength_key(s), i) not in done]) for s, who in b.todo]
+        todo = [(s, who) for s, who in todo if who]
+        if todo:
+            left.append(SweepBatch(b.length, b.sample_ids, todo))
+    return left
+
+
 def _default_batch(length, device_type, batch_tokens):
     if device_type == "cuda":
         return max(1, int(batch_tokens) // int(length))
@@ -721,9 +733,10 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
                                 iv=Intervention(layers, heads, phase, allow_extrapolation), decode=decode,
                                 cuda_graph=cuda_graph, progress=progress,
                                 deadline=None if time_limit is None else t_start + time_limit)
+        mine = batches[dist.rank()::dist.world_size()]
         try:
             with _path_block(model, backend):
-                timings = run(batches[dist.rank()::dist.world_size()])
+                timings = run(mine)
         except Exception as err:  # noqa: BLE001 - only a failed compile of the default fast path is retried
             if fast_path is not None or backend is None or not compile_failure(err):
                 raise
@@ -731,9 +744,7 @@ def run_sweep(model, tokenizer="bytes", *, task="s-niah-1", lengths, strengths, 
                           "the sweep runs the plain path (pass fast_path=False, --eager, to skip the attempt)",
                           RuntimeWarning, stacklevel=2)
             backend = None
-            batches = plan_batches(store.done, lengths, strengths, samples,
-                                   lambda L: batch_size or _default_batch(L, device_type, batch_tokens))
-            timings = run(batches[dist.rank()::dist.world_size()])
+            timings = run(still_missing(mine, store.done))
     finally:
         if not isinstance(out, ResultsStore):
             store.close()

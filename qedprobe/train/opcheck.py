@@ -77,9 +77,14 @@ def op_gradients(mode: str, arm: str, inputs) -> dict[str, torch.Tensor]:
     return dict(zip(leaves, found))
 
 
+def checked_op(mode: str, tokens: int, device) -> str:
+    """How a problem report names the op it checked."""
+    return f"qed_attention(mode={mode!r}) at {tokens} tokens on {device}"
+
+
 def op_problem(arm: str, heads: int, head_dim: int, v_dim: int, device, dtype, mode: str, tokens: int) -> str | None:
     """The check of :func:`backward_problem`, in this process."""
-    what = f"qed_attention(mode={mode!r}) at {tokens} tokens on {device}"
+    what = checked_op(mode, tokens, device)
     inputs = probe_inputs(arm, heads, head_dim, v_dim, device, dtype, tokens)
     try:
         got = op_gradients(mode, arm, inputs)
@@ -112,7 +117,7 @@ def child_command(arm: str, heads: int, head_dim: int, v_dim: int, device, dtype
 def problem_in_child(**check) -> str | None:
     """:func:`op_problem` in a child process: its answer, or what killed it (a fault, a timeout)."""
     cmd = child_command(**check)
-    what = f"qed_attention(mode={check['mode']!r}) at {check['tokens']} tokens on {check['device']}"
+    what = checked_op(check["mode"], check["tokens"], check["device"])
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_SECONDS)
     except subprocess.TimeoutExpired:
