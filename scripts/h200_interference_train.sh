@@ -17,7 +17,8 @@
 #
 # Environment: BUDGET, GPU_IDS, PER_GPU, CKPT, RUNS (see scripts/h200_recall_train.sh), TOK
 # (tokenizer folder, default /tmp/tok-interference), KEY_WEIGHT (default 8), BATCH (rows per
-# step, default 16), ARMS / SEEDS / PREFIX (default "gdn2 full noproj full@1.0" / "0 1 2" /
+# step, default 16), MIXTURE (default interference), MORE (further `qedprobe train` flags, e.g.
+# "--conv-size 8"), ARMS / SEEDS / PREFIX (default "gdn2 full noproj full@1.0" / "0 1 2" /
 # "int-": checkpoints int-gdn2-s0 ... int-full-lm1.0-s2). Expects qedprobe installed where
 # `python3 -P` finds it (`source scripts/device_env.sh`). Evaluate with scripts/h200_interference_eval.sh.
 set -euo pipefail
@@ -26,6 +27,6 @@ TOK=${TOK:-/tmp/tok-interference}
 [[ -f "$TOK/tokenizer.json" ]] || python3 -P -m qedprobe.cli train-tokenizer --mixture interference \
     --vocab-size 2048 --seq-len 8192 --rows 1000 --seed 0 --out "$TOK"
 export BUDGET=${BUDGET:-1200} ARMS=${ARMS:-gdn2 full noproj full@1.0} SEEDS=${SEEDS:-0 1 2} PREFIX=${PREFIX:-int-}
-export RECIPE="--mixture interference --tokenizer $TOK --seq-len 2048 --batch-size ${BATCH:-16} --loss answer \
---key-weight ${KEY_WEIGHT:-8} --decay-a 0.5,2 --decay-dt 0.0001,0.1"
+export RECIPE="--mixture ${MIXTURE:-interference} --tokenizer $TOK --seq-len 2048 --batch-size ${BATCH:-16} --loss answer \
+--key-weight ${KEY_WEIGHT:-8} --decay-a 0.5,2 --decay-dt 0.0001,0.1 ${MORE:-}"
 exec bash scripts/h200_recall_train.sh

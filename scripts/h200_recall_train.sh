@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train GPU checkpoints with a recipe (RECIPE, default the recall recipe of docs/TRAINING.md) for
 # as many steps as a time budget affords, the step count measured rather than guessed:
-# 1. a 40-step probe of all the runs at once (scripts/train_checkpoints.sh into /tmp/probe) gives
+# 1. a 40-step probe of all the runs at once (scripts/train_checkpoints.sh into /tmp/probe-PREFIX) gives
 #    the median seconds per step under that load;
 # 2. the real runs get STEPS = (what is left of BUDGET - 120 s for start-up and export) / that,
 #    with 15 % slack on the step time, warmup 100 steps, the last 20 % decaying, and --max-seconds as a safety net.
@@ -22,10 +22,11 @@ RECIPE=${RECIPE:---mixture short --loss answer --decay-a 0.5,2 --decay-dt 0.0001
 export ARMS=${ARMS:-gdn2 full} SEEDS=${SEEDS:-0 1} GPU_IDS=${GPU_IDS:-0} PREFIX=${PREFIX:-}
 [[ -n "${PER_GPU:-}" ]] && export PER_GPU
 
-RUNS=/tmp/probe CKPT=/tmp/probe-ckpt EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40 $RECIPE" \
-    bash scripts/train_checkpoints.sh | tee /tmp/probe.txt
-STEP_S=$(awk '/s\/step/ {for (i = 1; i < NF; i++) if ($(i + 1) == "s/step") print $i}' /tmp/probe.txt | sort -g | tail -1)
-[[ -n "$STEP_S" ]] || { echo "every probe run failed (see /tmp/probe/*.stdout): no training"; exit 1; }
+PROBE=/tmp/probe-${PREFIX:-runs}  # one per PREFIX, so that several of these can run at once
+RUNS=$PROBE CKPT=$PROBE-ckpt EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40 $RECIPE" \
+    bash scripts/train_checkpoints.sh | tee "$PROBE.txt"
+STEP_S=$(awk '/s\/step/ {for (i = 1; i < NF; i++) if ($(i + 1) == "s/step") print $i}' "$PROBE.txt" | sort -g | tail -1)
+[[ -n "$STEP_S" ]] || { echo "every probe run failed (see $PROBE/*.stdout): no training"; exit 1; }
 LEFT=$((BUDGET - ($(date +%s) - START) - 120))  # then 15 % slack on the step time:
 STEPS=$(python3 -c "print(max(200, int($LEFT / ($STEP_S * 1.15)) // 100 * 100))")
 echo "probe: $STEP_S s/step (slowest run); $LEFT s left -> $STEPS steps"

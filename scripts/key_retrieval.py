@@ -85,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="evaluation data seed (>= 0: disjoint from training)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the models run")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     args.lengths = parse_int_list(args.lengths, "--lengths")
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     print("\n".join(lines), flush=True)
     for folder in model_folders(args.models):
         tok = args.tokenizer or (str(folder) if (folder / "tokenizer.json").is_file() else "bytes")
-        model = QEDModel.from_pretrained(folder, dtype=torch.float32, device="cpu").eval()
+        model = QEDModel.from_pretrained(folder, dtype=torch.float32, device=args.device).eval()
         for n in needles:
             for hay in haystacks:
                 real = cell(model, folder, tok, args, n, hay, False)

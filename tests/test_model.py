@@ -258,6 +258,18 @@ def test_packed_prefill_respects_sequence_bounds(model):
     torch.testing.assert_close(packed[:, 9:], model(b))
 
 
+def test_wide_convolution_decodes_and_packs_like_the_full_forward():
+    """conv_size 8 (the convolution reaches 7 tokens back): the decode cache carries 7 inputs and a
+    packed row keeps each sequence's window to itself."""
+    wide = tiny(conv_size=8)
+    prompt = [5, 17, 33, 2, 8, 61, 90, 3, 9, 40]
+    assert wide.generate([prompt], 8, return_type="new_tokens") == [greedy_by_forward(wide, prompt, 8)]
+    a, b = ids(1, 12, seed=6), ids(1, 10, seed=7)
+    packed, _ = wide.forward_with_state(torch.cat([a, b], 1), cu_seqlens=torch.tensor([0, 12, 22]))
+    torch.testing.assert_close(packed[:, 12:], wide(b))
+    assert not torch.allclose(wide(torch.cat([a, b], 1))[:, 12:], wide(b), atol=1e-3)  # unpacked, a reaches b
+
+
 @pytest.mark.parametrize("phase, prefill_s, decode_s", [("decode", 1.0, 0.5), ("prefill", 0.5, 1.0),
                                                       ("all", 0.5, 0.5)])
 def test_generate_applies_strength_to_its_phase(model, phase, prefill_s, decode_s):

@@ -29,7 +29,7 @@ FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "bat
           "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
           "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
-                "head_dim": "head_dim", "lambda_max": "lambda_max", "op_mode": "op_mode",
+                "head_dim": "head_dim", "conv_size": "conv_size", "lambda_max": "lambda_max", "op_mode": "op_mode",
                 "decay_a": "decay_a_range", "decay_dt": "decay_dt_range"}
 
 
@@ -126,6 +126,8 @@ def register(subparsers) -> None:
     g.add_argument("--layers", type=int)
     g.add_argument("--heads", type=int)
     g.add_argument("--head-dim", type=int)
+    g.add_argument("--conv-size", type=int,
+                   help="width of the causal short convolutions on q, k, v (default 4: tokens t-3..t)")
     g.add_argument("--lambda-max", type=float, help="lambda = lambda_max * sigmoid(theta) (default 0.25)")
     g.add_argument("--op-mode", choices=MODES, help="QED op the model calls (default auto)")
     g.add_argument("--decay-a", type=_pair, metavar="LOW,HIGH",
