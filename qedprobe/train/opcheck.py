@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -107,6 +108,11 @@ def op_problem(arm: str, heads: int, head_dim: int, v_dim: int, device, dtype, m
     return None
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder holding the imported ``qedprobe``: the child's working directory, so that ``-m`` finds the
+same package as this process (not a source checkout that happens to be the current directory)."""
+
+
 def child_command(arm: str, heads: int, head_dim: int, v_dim: int, device, dtype, mode: str, tokens: int) -> list[str]:
     """The command line that runs :func:`op_problem` in a fresh Python (this module's CLI)."""
     return [sys.executable, "-m", "qedprobe.train.opcheck", "--arm", arm, "--heads", str(heads),
@@ -119,7 +125,7 @@ def problem_in_child(**check) -> str | None:
     cmd = child_command(**check)
     what = checked_op(check["mode"], check["tokens"], check["device"])
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_SECONDS)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_SECONDS, cwd=PACKAGE_ROOT)
     except subprocess.TimeoutExpired:
         return f"{what}: the check did not finish in {CHILD_SECONDS} s"
     lines = done.stdout.strip().splitlines()
