@@ -8,15 +8,18 @@
 #   run(command="PHASE=wait bash scripts/h200_interference_screen.sh", carry=[".whl"])
 #   run(command="PHASE=eval bash scripts/h200_interference_screen.sh", carry=[".whl"])
 #   run(command="PHASE=pack FIRST=7 bash scripts/h200_interference_screen.sh", carry=[".whl"])
-# start: the kernels' GPU tests first (TEST_SECONDS, default 180), so that a kernel fault cannot
-#   touch the training; then, when they hit no fault and MPS=1 (default), the CUDA MPS daemon so
+# start: the kernels' GPU tests first (TESTS: parts of scripts/h200_kernels.sh, default "tests",
+#   TEST_SECONDS default 180; "" for none; parts other than "tests" run beside the training), so
+#   that a kernel fault cannot touch the training; then, when they hit no fault and MPS=1
+#   (default), the CUDA MPS daemon so
 #   that the twelve small processes run their kernels side by side instead of in turns; then the
 #   four variants (VARIANTS) detached, each through scripts/h200_interference_train.sh;
 # wait: until every variant says "training done" (at most WAIT_SECONDS, default 560);
 # eval: key_retrieval.py at the training length, 4 needles, noise and prose, SAMPLES prompts
 #   (default 40), one process per variant, then $OUT/screen.tgz and the first checkpoints;
 # pack: the checkpoints from the FIRST-th on.
-# VARIANTS: ";"-separated "prefix|mixture|rows per step|more train flags".
+# VARIANTS: ";"-separated "prefix|mixture|rows per step|more train flags"; SCREEN_ARMS the arms
+# of each (default "gdn2 full noproj").
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
@@ -43,16 +46,21 @@ start_mps() {  # the MPS daemon, kept only if a CUDA op then works through it
 case ${PHASE:?PHASE must be start, wait, eval or pack} in
 start)
     TOK=$(cd "${TOK:-runs/tok-interference}" && pwd) || { echo "no tokenizer folder ${TOK:-runs/tok-interference}"; exit 1; }
-    PARTS=tests TEST_SECONDS=${TEST_SECONDS:-180} bash scripts/h200_kernels.sh
-    if [[ ${MPS:-1} == 1 ]] && ! grep -q "illegal memory access\|FAILED" "$OUT/gpu_tests.log"; then start_mps; fi
+    TESTS=${TESTS-tests}
+    if [[ " $TESTS " == *" tests "* ]]; then
+        PARTS=tests TEST_SECONDS=${TEST_SECONDS:-180} bash scripts/h200_kernels.sh
+        if [[ ${MPS:-1} == 1 ]] && ! grep -q "illegal memory access\|FAILED" "$OUT/gpu_tests.log"; then start_mps; fi
+    fi
     T0=$(date +%s)
     for v in "${VARIANT_LIST[@]}"; do
         IFS='|' read -r prefix mixture batch more <<< "$v"
         echo "variant $prefix: --mixture $mixture --batch-size $batch $more"
-        PREFIX=$prefix MIXTURE=$mixture BATCH=$batch MORE=$more ARMS="gdn2 full noproj" SEEDS=0 \
+        PREFIX=$prefix MIXTURE=$mixture BATCH=$batch MORE=$more ARMS=${SCREEN_ARMS:-gdn2 full noproj} SEEDS=0 \
             TOK=$TOK BUDGET=$((${BUDGET:-800} - ($(date +%s) - T0))) \
             setsid nohup bash scripts/h200_interference_train.sh > "/tmp/train-$prefix.out" 2>&1 < /dev/null &
     done
+    TESTS=${TESTS// tests /}; TESTS=${TESTS#tests}; TESTS=${TESTS%tests}
+    [[ -n ${TESTS// /} ]] && PARTS=$TESTS bash scripts/h200_kernels.sh  # the other parts, beside the training
     sleep "${SHOW_SECONDS:-100}"
     tail -n 4 /tmp/train-*.out; status ;;
 wait)
