@@ -2,13 +2,18 @@
 fails (a device fault surfaces at the next CUDA call, so the autograd traceback names the wrong
 kernel). On success, compare every gradient with autograd through float64 ``qed_naive``.
 
-    python scripts/chunk_bwd_localize.py [--dtype float32|bfloat16] [--T 2048] [--H 2] [--K 128] [--V 128]
+    python scripts/chunk_bwd_localize.py [--dtype float32|bfloat16] [--T 2048] [--H 2] [--K 128] [--V 128] \
+        [--set chunk_bwd_intra.WY_BWD_WARPS=4 ...]
 
-Needs a GPU (or ``TRITON_INTERPRET=1`` on CPU, with small sizes). Prints one line per launch.
+``--set MODULE.NAME=VALUE`` overrides a launch constant of ``qedprobe.kernels.qed.MODULE`` (block
+sizes, warps) before anything runs, to screen configurations for a compiler fault. Needs a GPU (or
+``TRITON_INTERPRET=1`` on CPU, with small sizes). Prints one line per launch, then one ``summary``
+line: the settings, the dtype and the largest relative gradient error.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 
 import torch
 
@@ -37,6 +42,17 @@ def _step(name, fn):
     return out
 
 
+def apply_settings(settings) -> None:
+    """``MODULE.NAME=VALUE`` -> ``qedprobe.kernels.qed.MODULE.NAME = int(VALUE)`` (the module must have NAME)."""
+    for item in settings:
+        target, _, value = item.partition("=")
+        module_name, _, name = target.rpartition(".")
+        module = importlib.import_module(f"qedprobe.kernels.qed.{module_name}")
+        if not hasattr(module, name) or not value:
+            raise SystemExit(f"--set: {item!r} must be MODULE.NAME=VALUE with NAME a constant of that module")
+        setattr(module, name, int(value))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -44,7 +60,9 @@ def main():
     ap.add_argument("--H", type=int, default=2)
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE")
     a = ap.parse_args()
+    apply_settings(a.set)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dt = getattr(torch, a.dtype)
     gen = torch.Generator().manual_seed(0)
@@ -84,9 +102,12 @@ def main():
     leaves = [t.detach().double().requires_grad_(True) for t in (*args, h0)]
     o, s, _ = qed_naive(*leaves[:7], initial_state=leaves[7], output_final_state=True)
     ref = torch.autograd.grad((o * do.double()).sum() + (s * dht.double()).sum(), leaves)
+    errs = {}
     for n, gr, rf in zip((*NAMES, "h0"), got, ref):
-        err = (gr.double() - rf).norm() / rf.norm().clamp_min(1e-30)
-        print(f"d{n}: rel err {err.item():.2e}")
+        errs[n] = ((gr.double() - rf).norm() / rf.norm().clamp_min(1e-30)).item()
+        print(f"d{n}: rel err {errs[n]:.2e}")
+    worst = max(errs, key=errs.get)
+    print(f"summary {' '.join(a.set) or 'defaults'} {a.dtype}: largest rel err {errs[worst]:.2e} (d{worst})")
 
 
 if __name__ == "__main__":
