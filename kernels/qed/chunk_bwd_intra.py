@@ -42,9 +42,11 @@ from .chunk_intra import DirectionInputs, Prepared, erase_rows, row_scalars
 
 WY_BWD_BKS = 32
 WY_BWD_BVS = 16
-WY_BWD_WARPS = 8
-"""Key slice, value slice and warps of ``qed_bwd_wy_kernel`` (by rule; at BVS 32 it spills,
-ptxas sm_90, docs/BENCHMARKS.md)."""
+WY_BWD_WARPS = 4
+"""Key slice, value slice and warps of ``qed_bwd_wy_kernel``. Four warps, not eight: Triton 3.6's
+sm_90 build of the eight-warp kernel reads shared memory out of bounds (float32) or gives wrong
+``dv, dw, dA_kk`` (bf16), found with ``scripts/h200_bwd_configs.sh``; at four it spills
+(docs/BENCHMARKS.md)."""
 
 SCORES_BWD_BKS = 32
 SCORES_BWD_WARPS = 8

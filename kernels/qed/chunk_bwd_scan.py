@@ -29,9 +29,10 @@ STATE_BKP = 64
 block is carried as ``cdiv(K, 64)`` separate ``[64, BV]`` tiles, and each chunk's ``kg, qg, W``
 are read in the same ``[BT, 64]`` pieces, so no tile spans all of K."""
 STATE_BV = 32
-STATE_WARPS = 8
-"""Value block and warps of the reverse scan, by rule: at bf16 and K = 128 these do not spill
-(BV 64 or 4 warps do; ptxas sm_90, docs/BENCHMARKS.md)."""
+STATE_WARPS = 4
+"""Value block and warps of the reverse scan. Four warps, not eight: with eight, Triton 3.6's sm_90
+build gives wrong state gradients at bf16 (``scripts/h200_bwd_configs.sh``); at four it spills a
+little (docs/BENCHMARKS.md)."""
 
 
 @triton.jit
