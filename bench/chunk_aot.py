@@ -84,14 +84,14 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
     dirs = {"DIR_SOURCE": FULL["DIR_SOURCE"], "DIR_GATED": FULL["DIR_GATED"]}
     inputs = dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32")
     compile_(chunk_intra.qed_prep_kernel,
-             dict(inputs, g="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", kg=f"*{io}", qg=f"*{io}",
+             dict(inputs, g="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", gc="*fp32", kg=f"*{io}", qg=f"*{io}",
                   ag=f"*{io}", gl="*fp32", scale="fp32", **opt("dg", f"*{io}"), **opt("rho", "*fp32"), **opt("eig", "*fp32"),
                   **opt("d_out", "*fp32")),
              dict(common, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True, PROBES=probes,
                   **absent("dg", "rho", "eig", "d_out")),
              warps or chunk_intra.NUM_WARPS)
     compile_(chunk_intra.qed_scores_kernel,
-             dict(inputs, g="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
+             dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
                   scale="fp32", **opt("adk", f"*{io}")),
              dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
                   SPAN=chunk_intra.SPAN_MAX, PROBES=probes, **absent("adk")),

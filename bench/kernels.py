@@ -3,6 +3,7 @@
 CUDA only; not a test.
 
     PYTHONUNBUFFERED=1 python3 bench/kernels.py [--json PATH] [--commit SHA] [--budget S] [--quick] [--parts] [--dplr]
+        [--no-fla [--fla-ms MS] [--fla-fwd-bwd-ms MS]]
 
 Rows, in this order (median of ``triton.testing.do_bench``; bf16 q/k/v/b/w, float32 log-decay
 ``-0.1 U(0,1)``, per-head lam 0.1, qk L2-norm in the kernel; main shape B=8, T=4096, H=16,
@@ -22,8 +23,10 @@ K=V=128):
 8. one decode token (``qed_recurrent``, B=16) against fla ``fused_recurrent_gdn2``
    (``bench/recurrent_decode.py``).
 
-``--quick`` stops after step 3; ``--parts`` adds per-kernel rows (torch.profiler, ms per call)
-for the main shape. The rows (``name, shape, ms, ref_ms, ratio, note`` plus ``device, date,
+``--quick`` stops after step 3 and the forward + backward of step 7; ``--parts`` adds per-kernel
+rows (torch.profiler, ms per call) for the main shape. ``--no-fla`` leaves fla out (its autotune
+takes minutes; for comparing kernel versions in one call), the ratios then against ``--fla-ms``
+and ``--fla-fwd-bwd-ms`` when given (fla's times measured before on the same machine kind). The rows (``name, shape, ms, ref_ms, ratio, note`` plus ``device, date,
 commit``) go to ``--json`` (default ``$OUT/kernels.json`` when ``$OUT`` is set, else
 ``docs/benchmarks/kernels.json``), rewritten after every row, and a markdown table is printed
 last.
@@ -183,23 +186,29 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="main shape and the order check only")
     ap.add_argument("--parts", action="store_true", help="per-kernel times of the main shape (torch.profiler)")
     ap.add_argument("--dplr", action="store_true", help="also time fla chunk_dplr_delta_rule (autotunes ~80 s)")
+    ap.add_argument("--no-fla", action="store_true", help="do not run fla (ratios against --fla-ms / --fla-fwd-bwd-ms)")
+    ap.add_argument("--fla-ms", type=float, help="with --no-fla: fla's forward time to take ratios against")
+    ap.add_argument("--fla-fwd-bwd-ms", type=float, help="with --no-fla: fla's forward + backward time")
     a = ap.parse_args()
+    if (a.fla_ms or a.fla_fwd_bwd_ms) and not a.no_fla:
+        ap.error("--fla-ms and --fla-fwd-bwd-ms replace the fla run: they need --no-fla")
     if not torch.cuda.is_available():
         P("bench/kernels.py needs CUDA")
         return 1
     start = time.time()
     left = lambda: a.budget - (time.time() - start)  # noqa: E731
-    try:
-        import fla  # noqa: F401
-        have_fla = True
-    except ImportError:
-        have_fla = False
-        P("fla not importable: rows without the reference")
+    have_fla = False
+    if not a.no_fla:
+        try:
+            import fla  # noqa: F401
+            have_fla = True
+        except ImportError:
+            P("fla not importable: rows without the reference")
     rows = Rows(a.json, a.commit)
     x = inputs(**MAIN)
     main = shape_of(x)
 
-    fla_fb = fla_ms = None
+    fla_fb, fla_ms = a.fla_fwd_bwd_ms, a.fla_ms
     if have_fla:
         t0 = time.time()
         fwd_bwd(fla_fn, x, "qkvgbw")()
@@ -217,6 +226,7 @@ def main() -> int:
     if a.parts:
         parts(rows, x, have_fla)
     if a.quick:
+        rows.add("qed_chunk fwd+bwd (full)", main, ms(fwd_bwd(qed_fn, x, GRAD_WRT)), fla_fb, "(ref: fla fwd+bwd)")
         P(rows.table())
         return 0
     t_sweep(rows, have_fla, left)

@@ -22,9 +22,8 @@ This is fla's ``chunk_gdn2`` pipeline with GDN-2's erase vector ``b k`` replaced
 ``a = b k + lam d``, in six launches, each behind one typed wrapper:
 
 1. ``chunk_intra.chunk_prep_fwd``: per chunk, L2 norms, the per-row scalars, the probes
-   ``rho, e, d``, ``kg``, ``qg``, ``a e^G``, ``dg``, ``exp(G_last)``;
-2. ``chunk_intra.chunk_scores_fwd``: per 16-row block, the score rows of ``A_kk, A_qk, A_dk``
-   (``G`` again from ``g``, in registers);
+   ``rho, e, d``, ``G``, ``kg``, ``qg``, ``dg``, ``exp(G_last)``;
+2. ``chunk_intra.chunk_scores_fwd``: per 16-row block, the score rows of ``A_kk, A_qk, A_dk``;
 3. ``chunk_wy.chunk_inverse_fwd``: per chunk, ``(I + A_kk)^{-1}`` (block inverse);
 4. ``chunk_wy.chunk_wy_fwd``: per chunk, ``W`` and ``U`` (fla's ``wy_fast.py``);
 5. ``chunk_scan.chunk_state_fwd``: per sequence, value head and value block, the state
@@ -64,7 +63,7 @@ from .inputs import QEDProblem, check_qed_inputs, on_input_device
 
 @dataclass(frozen=True)
 class IntraChunk:
-    """What the intra-chunk launches produce and the scans read: ``prep`` (row scalars,
+    """What the intra-chunk launches produce and the scans read: ``prep`` (row scalars, ``G``,
     ``kg, qg, a e^G, dg``, ``exp(G_last)``, probes), the score matrices ``aqk`` and (probes, else
     ``None``) ``adk``, ``ai = (I + A_kk)^{-1}`` (``[B, T, HV, BT]``, intermediate dtype) and ``wy``
     (``W, U``)."""
@@ -101,7 +100,7 @@ def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayo
                     probes: bool) -> IntraChunk:
     """The four intra-chunk launches (prep, scores, inverse, W/U) on contiguous ``v, w, g``."""
     prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
-    scores = chunk_scores_fwd(x, prep, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
     return IntraChunk(prep=prep, aqk=scores.aqk, adk=scores.adk, ai=ai, wy=wy)

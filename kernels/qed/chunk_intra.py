@@ -9,17 +9,14 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
 1. row statistics over all of K: ``|q|^2, |k|^2, q.k, sum b k^2`` and ``k.x`` (``x`` the arm's
    raw direction); from them the per-row scalars ``rq, rk`` (L2-norm factors) and ``c`` (the
    projection coefficient), and the probes ``rho, e``.
-2. per key slice: ``G`` (in registers only), ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``,
-   ``ag = a exp(G)`` (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``;
-   with probes ``d`` and ``dg = d exp(G)``.
+2. per key slice: ``G``, ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``, ``ag = a exp(G)``
+   (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
+   and ``dg = d exp(G)``.
 
 ``qed_scores_kernel`` (one program per 16-token row block, chunk and value head): one
 ``[16, 64]`` row block of each score matrix ``A_xk[t, j] = sum_c x_{t,c} e^{G_{t,c} - G_{j,c}}
 k_{j,c}``: ``A_kk`` (``x = a``, strict), ``A_qk`` (``x = scale q``, inclusive) and, with probes,
-``A_dk`` (``x = d``, strict). ``G`` is the cumsum of the chunk's ``g`` in registers, the same
-``[BT, BKS]`` ``tl.cumsum`` as the prep kernel's (so the same values), not a stored float32
-``[B, T, HV, K]`` tensor (fla stores its cumsum; its token-parallel score kernel reads it).
-The reference point is the block's first row ``s``:
+``A_dk`` (``x = d``, strict). The reference point is the block's first row ``s``:
 ``x_t e^{G_t - G_s}`` and ``k_j e^{G_s - G_j}``; for earlier blocks both factors are <= 1 (never
 overflow); the diagonal block uses the same product when its decay span (max over the block's
 rows and all K) is at most ``SPAN_MAX`` nats, otherwise exact per-element exponentials.
@@ -36,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, load_tile, store_tile, tile_row
+from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_slice, chunk_position
 
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
@@ -170,7 +167,7 @@ def _head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.
 @triton.jit(do_not_specialize=["T"])
 def qed_prep_kernel(
     q, k, b, g, lam, z, d_in,
-    rq, rk, cp, kg, qg, ag, gl, dg, rho, eig, d_out,
+    rq, rk, cp, gc, kg, qg, ag, gl, dg, rho, eig, d_out,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
@@ -207,6 +204,7 @@ def qed_prep_kernel(
         b_G = tl.cumsum(b_g, 0)
         b_glast = tl.sum(b_g, 0)
         b_ex = tl.exp(b_G)
+        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
         store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
@@ -237,14 +235,15 @@ class DirectionInputs:
 @dataclass(frozen=True)
 class Prepared:
     """What ``qed_prep_kernel`` writes. Per row ``[B, T, HV]`` (state dtype): ``rq, rk`` (norm
-    factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``kg``,
-    ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
+    factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``gc``
+    (``G``, state dtype), ``kg``, ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
     ``[NC, HV, K]`` (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype."""
 
     rq: torch.Tensor
     rk: torch.Tensor
     cp: torch.Tensor
+    gc: torch.Tensor
     kg: torch.Tensor
     qg: torch.Tensor
     ag: torch.Tensor
@@ -262,13 +261,13 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
     bk = lambda dt: torch.empty(B, T, HV, K, device=dev, dtype=dt)  # noqa: E731
-    out = Prepared(rq=row(), rk=row(), cp=row(), kg=bk(inter_dtype), qg=bk(inter_dtype), ag=bk(inter_dtype),
+    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct), kg=bk(inter_dtype), qg=bk(inter_dtype), ag=bk(inter_dtype),
                    gl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
                    e=row() if probes else None, d=bk(ct) if probes else None)
     qed_prep_kernel[lay.grid](
         q=x.q, k=x.k, b=x.b, g=g, lam=x.lam, z=x.z, d_in=x.d,
-        rq=out.rq, rk=out.rk, cp=out.cp, kg=out.kg, qg=out.qg, ag=out.ag, gl=out.gl, dg=out.dg,
+        rq=out.rq, rk=out.rk, cp=out.cp, gc=out.gc, kg=out.kg, qg=out.qg, ag=out.ag, gl=out.gl, dg=out.dg,
         rho=out.rho, eig=out.e, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
@@ -279,30 +278,18 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
 
 # ----------------------------------------------------------------------------- scores kernel
 @triton.jit
-def _chunk_G(g, rows, m_r, cols, m_c, i_i, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-             BC: tl.constexpr, BKS: tl.constexpr, DT: tl.constexpr):
-    """``(G_f, G_i)``: the within-chunk cumsum of ``g`` over the chunk's ``[BT, BKS]`` slice
-    (``rows`` past the mask ``m_r`` read as 0, so they repeat the last ``G``) and its row block
-    ``i_i`` (``[BC, BKS]``, selected, so the same values)."""
-    G_f = tl.cumsum(load_tile(g, rows, m_r, cols, m_c, HV * K, DT), 0)
-    o_b = tl.arange(0, BT // BC)
-    G_i = tl.sum(tl.where((o_b == i_i)[:, None, None], tl.reshape(G_f, [BT // BC, BC, BKS]), 0.), 0)
-    return G_f, G_i
-
-
-@triton.jit
-def _diag_exact(k, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, off,
+def _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, off,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, PROBES: tl.constexpr, BC: tl.constexpr,
                 BT: tl.constexpr, DT: tl.constexpr):
     """Columns ``off .. off+BC-1`` (the diagonal block) from exact per-element exponentials;
-    key row ``j`` is read from memory, its ``G`` taken from the block's ``G_i``."""
+    key row ``j`` and its ``G`` are read from memory."""
     r = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     for j in range(BC):
         m_j = cols < K * (r_s + j < eos).to(tl.int32)  # a tensor mask (tensor & scalar is refused)
         kj = tl.load(k + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
         kj *= tl.load(rk + (r_s + j) * HV, mask=r_s + j < eos, other=0.).to(DT)
-        gj = tile_row(G_i, j, BC)
+        gj = tl.load(gc + (r_s + j) * (HV * K) + cols, mask=m_j, other=0.).to(DT)
         ke = tl.exp(tl.where((r[:, None] >= j) & m_i[:, None], G_i - gj[None, :], 0.)) * kj[None, :]
         sel = o_t[None, :] == off + j
         cq = tl.where(sel, tl.sum(b_q * ke, 1)[:, None], cq)
@@ -319,7 +306,7 @@ def _diag_exact(k, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, off,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scores_kernel(
-    q, k, b, g, lam, z, d_in, rq, rk, cp,
+    q, k, b, lam, z, d_in, gc, rq, rk, cp,
     aqk, akk, adk,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
@@ -339,7 +326,7 @@ def qed_scores_kernel(
         z += i_hv * K
     if d_in is not None:
         d_in += i_hv * K
-    g += i_hv * K
+    gc += i_hv * K
     rq += i_hv
     rk += i_hv
     cp += i_hv
@@ -348,28 +335,30 @@ def qed_scores_kernel(
     o_c = tl.arange(0, BC)
     rows = c0 + o_t
     jm = (o_t < (i_i + 1) * BC) & (rows < eos)   # key rows this block reads
+    r_e = tl.minimum(r_s + BC - 1, eos - 1)     # last valid row of the block
     r_i = r_s + o_c
     m_i = r_i < eos
     rq_i, rk_i, c_i, l_i = row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
     rk_f = tl.load(rk + rows * HV, mask=jm, other=0.).to(DT)
-    span = tl.zeros([BKS], dtype=DT)  # the block's decay span G_s - G_last, max over all K
+    span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
-        g_i = load_tile(g, r_i, m_i, cols, m_c, HV * K, DT)
-        span = tl.maximum(span, -tl.sum(tl.where(o_c[:, None] > 0, g_i, 0.), 0))
+        span = tl.maximum(span, tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.).to(DT)
+                          - tl.load(gc + r_e * (HV * K) + cols, mask=m_c, other=0.).to(DT))
     exact = tl.max(span, 0) > SPAN
     accq = tl.zeros([BC, BT], dtype=DT)
     acck = tl.zeros([BC, BT], dtype=DT)
     accd = tl.zeros([BC, BT], dtype=DT)
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
+        gs = tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.).to(DT)
+        G_f = load_tile(gc, rows, jm, cols, m_c, HV * K, DT)
+        k_f = load_tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
+        G_i = load_tile(gc, r_i, m_i, cols, m_c, HV * K, DT)
         b_q, _k, b_a, b_d = erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
                                        H, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        G_f, G_i = _chunk_G(g, rows, jm, cols, m_c, i_i, HV, K, BT, BC, BKS, DT)
-        gs = tile_row(G_i, 0, BC)
-        k_f = load_tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
-        kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
         e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
+        kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
         cq = tl.dot(b_q * e1, kr, input_precision=PREC)
         ck = tl.dot(b_a * e1, kr, input_precision=PREC)
         if PROBES:
@@ -377,7 +366,7 @@ def qed_scores_kernel(
         else:
             cd = ck
         if exact:
-            cq, ck, cd = _diag_exact(k, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd,
+            cq, ck, cd = _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd,
                                      i_i * BC, H, HV, K, PROBES, BC, BT, DT)
         accq += cq
         acck += ck
@@ -406,17 +395,16 @@ class Scores:
     adk: torch.Tensor | None
 
 
-def chunk_scores_fwd(x: DirectionInputs, prep: Prepared, g: torch.Tensor, *, scale: float, lay: ChunkLayout,
+def chunk_scores_fwd(x: DirectionInputs, prep: Prepared, *, scale: float, lay: ChunkLayout,
                      inter_dtype: torch.dtype, probes: bool) -> Scores:
-    """Launch ``qed_scores_kernel`` (grid: chunks x value heads x ``BT // BC`` row blocks) on the
-    prep's row scalars and the contiguous log-decay ``g`` ``[B, T, HV, K]``."""
-    B, T, HV, K = g.shape
-    dev = g.device
+    """Launch ``qed_scores_kernel`` (grid: chunks x value heads x ``BT // BC`` row blocks)."""
+    B, T, HV, K = prep.gc.shape
+    dev = prep.gc.device
     out = Scores(aqk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype),
                  akk=torch.empty(B, T, HV, BT, device=dev, dtype=lay.state_dtype),
                  adk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype) if probes else None)
     qed_scores_kernel[(*lay.grid, BT // BC)](
-        q=x.q, k=x.k, b=x.b, g=g, lam=x.lam, z=x.z, d_in=x.d, rq=prep.rq, rk=prep.rk, cp=prep.cp,
+        q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, gc=prep.gc, rq=prep.rq, rk=prep.rk, cp=prep.cp,
         aqk=out.aqk, akk=out.akk, adk=out.adk,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BC=BC, BKS=min(SCORES_BKS, triton.next_power_of_2(K)),
