@@ -201,6 +201,16 @@ def test_op_check_in_a_child_process_reports_a_crash(monkeypatch):
     assert "crashed the check's process" in opcheck.problem_in_child(**check)
 
 
+def test_op_check_child_imports_the_package_of_its_parent(tmp_path, monkeypatch):
+    """A folder holding another ``qedprobe`` (a source checkout without the installed kernels) as
+    the working directory must not be what the child imports."""
+    (tmp_path / "qedprobe").mkdir()
+    (tmp_path / "qedprobe" / "__init__.py").write_text("raise ImportError('the shadowing checkout')\n")
+    monkeypatch.chdir(tmp_path)
+    check = dict(arm="full", heads=2, head_dim=8, v_dim=8, device="cpu", dtype=torch.float32, mode="naive", tokens=20)
+    assert opcheck.problem_in_child(**check) is None
+
+
 def test_missing_backward_falls_back_with_a_warning_or_stops(tmp_path, monkeypatch):
     real = opcheck.backward_problem
     monkeypatch.setattr(trainer, "backward_problem",
