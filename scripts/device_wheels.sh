@@ -4,7 +4,7 @@
 # change to qedprobe (its own wheel is rebuilt each time); carry it: run(..., carry=[".whl"]).
 # The GPU image already has torch, triton, numpy, safetensors, tokenizers, huggingface_hub 1.x,
 # tqdm and typer; transformers 5.24 accepts its huggingface_hub, so no hub wheel (2.x would need
-# httpx2, which is not there). About 24 MB.
+# httpx2, which is not there). About 24 MB. .whl/BUILD names the commit of the qedprobe wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
@@ -16,4 +16,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     transformers==5.24.0 wonderwords==3.0.1
 python3 -m pip wheel -q --no-deps -w .whl .
 rm -rf build
+# The commit the qedprobe wheel was built from ("-dirty" with uncommitted changes): the device's
+# copy of the repository may carry a stale .git, so the device scripts read this instead.
+git describe --always --dirty --abbrev=7 > .whl/BUILD
 ls .whl

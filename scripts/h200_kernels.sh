@@ -10,7 +10,7 @@
 # compute-sanitizer's memcheck; "traffic": per-kernel times joined with the byte model of
 # bench/forward_traffic.py, and scripts/scan_configs.py), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
-# COMMIT (the commit the wheel was built from; default: this checkout's HEAD when it has .git).
+# COMMIT (the commit the wheel was built from; default: .whl/BUILD, written by scripts/device_wheels.sh).
 # Output in $OUT: gpu_tests.log (gpu_faults.log: the tests that hit a kernel fault, rerun alone),
 # kernels.log and kernels.json (keep it under docs/results/<date>/); with "traffic" kernels_parts.json,
 # forward_traffic.md, scan_configs.json.
@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 source "$REPO/scripts/device_env.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
-COMMIT=${COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+COMMIT=${COMMIT:-$(cat "$REPO/.whl/BUILD" 2>/dev/null || echo unknown)}
 PARTS=${PARTS:-tests bench}
 # From /tmp, so that the installed wheel (with qedprobe.kernels) is imported, not the source folder.
 cd /tmp

@@ -14,7 +14,7 @@
 # between calls; on a fresh machine copy $OUT/grid/* of call 1 to .sweep_cache/grid/ here and add
 # ".sweep_cache" to carry.
 # Environment: PARTS (default "tests profile grid"), CALL_SECONDS (default 590: this call's wall budget,
-# the grid gets what the other parts left), COMMIT (default: this checkout's HEAD when it has .git).
+# the grid gets what the other parts left), COMMIT (default: .whl/BUILD, written by scripts/device_wheels.sh).
 # Output in $OUT: gpu_tests.log, profile.log, profile.json, sweep.log, sweep.json (keep it as
 # docs/benchmarks/sweep.json once full_grid is true), grid/ (the sweep folder's small files).
 set -uo pipefail
@@ -25,7 +25,7 @@ mkdir -p "$OUT" "$REPO/.sweep_cache"
 source "$REPO/scripts/device_env.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-COMMIT=${COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+COMMIT=${COMMIT:-$(cat "$REPO/.whl/BUILD" 2>/dev/null || echo unknown)}
 PARTS=${PARTS:-tests profile grid}
 CALL_SECONDS=${CALL_SECONDS:-590}
 # From /tmp, so that the installed wheel (with qedprobe.kernels) is imported, not the source folder.
