@@ -19,7 +19,10 @@
 #   (default 40), one process per variant, then $OUT/screen.tgz and the first checkpoints;
 # pack: the checkpoints from the FIRST-th on.
 # VARIANTS: ";"-separated "prefix|mixture|rows per step|more train flags"; SCREEN_ARMS the arms
-# of each (default "gdn2 full noproj").
+# of each (default "gdn2 full noproj"; <arm>@<L> for lambda_max L), SEEDS (default 0). The twelve
+# checkpoints of issue 13 with one recipe: VARIANTS="int-|interference|16|--conv-size 8"
+# SCREEN_ARMS="gdn2 full noproj full@1.0" SEEDS="0 1 2", then PHASE=eval and pack of
+# scripts/h200_interference_lease.sh (the full evaluation; same /tmp/ckpt).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
@@ -55,7 +58,7 @@ start)
     for v in "${VARIANT_LIST[@]}"; do
         IFS='|' read -r prefix mixture batch more <<< "$v"
         echo "variant $prefix: --mixture $mixture --batch-size $batch $more"
-        PREFIX=$prefix MIXTURE=$mixture BATCH=$batch MORE=$more ARMS=${SCREEN_ARMS:-gdn2 full noproj} SEEDS=0 \
+        PREFIX=$prefix MIXTURE=$mixture BATCH=$batch MORE=$more ARMS=${SCREEN_ARMS:-gdn2 full noproj} SEEDS=${SEEDS:-0} \
             TOK=$TOK BUDGET=$((${BUDGET:-800} - ($(date +%s) - T0))) \
             setsid nohup bash scripts/h200_interference_train.sh > "/tmp/train-$prefix.out" 2>&1 < /dev/null &
     done
