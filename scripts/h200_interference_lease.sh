@@ -22,23 +22,20 @@ cd "$REPO"
 export OUT=${OUT:-/tmp/out} CKPT=/tmp/ckpt RUNS=/tmp/runs EVAL=/tmp/eval
 mkdir -p "$OUT"
 source scripts/device_env.sh || exit 1
-status() { for f in "$RUNS"/*/train.log; do [[ -f $f ]] && echo "$(basename "$(dirname "$f")"): $(tail -1 "$f")"; done; }
+source scripts/interference_runs.sh
 case ${PHASE:?PHASE must be start, wait, eval or pack} in
 start)
     TOK=$(cd "${TOK:-runs/tok-interference}" && pwd) || { echo "no tokenizer folder ${TOK:-runs/tok-interference}"; exit 1; }
     TOK=$TOK BUDGET=${BUDGET:-900} setsid nohup bash scripts/h200_interference_train.sh > /tmp/train.out 2>&1 < /dev/null &
     PARTS=tests TEST_SECONDS=${TEST_SECONDS:-240} bash scripts/h200_kernels.sh
-    cp /tmp/train.out "$OUT/"; tail -16 /tmp/train.out; status ;;
+    cp /tmp/train.out "$OUT/"; tail -16 /tmp/train.out; runs_status ;;
 wait)
     T0=$(date +%s)
     while ! grep -q "training done\|no training" /tmp/train.out && (( $(date +%s) - T0 < ${WAIT_SECONDS:-560} )); do sleep 10; done
-    cp /tmp/train.out "$OUT/"; tail -16 /tmp/train.out; status ;;
+    cp /tmp/train.out "$OUT/"; tail -16 /tmp/train.out; runs_status ;;
 eval)
     PER_GPU=${PER_GPU:-12} timeout "${EVAL_SECONDS:-420}" bash scripts/h200_interference_eval.sh
-    mkdir -p /tmp/pack/train
-    for r in "$RUNS"/*/; do n=$(basename "$r"); mkdir -p "/tmp/pack/train/$n"; cp "$r"/loss.jsonl "$r"/train.log "/tmp/pack/train/$n/" 2>/dev/null; done
-    cp /tmp/train.out /tmp/pack/train/
-    tar czf "$OUT/eval.tgz" -C /tmp eval -C /tmp/pack train
+    pack_runs_and_eval "$OUT/eval.tgz" /tmp/train.out
     bash scripts/pack_for_return.sh "$CKPT" 0 ;;
 pack)
     bash scripts/pack_for_return.sh "$CKPT" "${FIRST:?FIRST: the first checkpoint not yet sent back}" ;;

@@ -29,12 +29,12 @@ cd "$REPO"
 export OUT=${OUT:-/tmp/out} CKPT=/tmp/ckpt RUNS=/tmp/runs EVAL=/tmp/eval
 mkdir -p "$OUT"
 source scripts/device_env.sh || exit 1
+source scripts/interference_runs.sh
 VARIANTS=${VARIANTS:-"int-|interference|16|;c8-|interference|16|--conv-size 8;\
 c8b8-|interference|8|--conv-size 8;c8s-|interference-short|16|--conv-size 8"}
 IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
 MPS_PIPE=/tmp/mps-pipe
 stop_mps() { [[ -d $MPS_PIPE ]] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE nvidia-cuda-mps-control 2> /dev/null; true; }
-status() { for f in "$RUNS"/*/train.log; do [[ -f $f ]] && echo "$(basename "$(dirname "$f")"): $(tail -1 "$f")"; done; }
 start_mps() {  # the MPS daemon, kept only if a CUDA op then works through it
     command -v nvidia-cuda-mps-control > /dev/null || { echo "mps: no nvidia-cuda-mps-control"; return 1; }
     mkdir -p "$MPS_PIPE" /tmp/mps-log
@@ -65,13 +65,13 @@ start)
     TESTS=${TESTS// tests /}; TESTS=${TESTS#tests}; TESTS=${TESTS%tests}
     [[ -n ${TESTS// /} ]] && PARTS=$TESTS bash scripts/h200_kernels.sh  # the other parts, beside the training
     sleep "${SHOW_SECONDS:-100}"
-    tail -n 4 /tmp/train-*.out; status ;;
+    tail -n 4 /tmp/train-*.out; runs_status ;;
 wait)
     T0=$(date +%s)
     done_all() { for v in "${VARIANT_LIST[@]}"; do grep -q "training done\|no training" "/tmp/train-${v%%|*}.out" || return 1; done; }
     while ! done_all && (( $(date +%s) - T0 < ${WAIT_SECONDS:-560} )); do sleep 10; done
     done_all && stop_mps
-    cp /tmp/train-*.out "$OUT/"; tail -n 3 /tmp/train-*.out; status ;;
+    cp /tmp/train-*.out "$OUT/"; tail -n 3 /tmp/train-*.out; runs_status ;;
 eval)
     stop_mps
     mkdir -p "$EVAL"
@@ -85,10 +85,7 @@ eval)
     done
     wait
     cat "$EVAL"/*/key_retrieval.md 2> /dev/null | grep -v "^|---\|^| model"
-    mkdir -p /tmp/pack/train
-    for r in "$RUNS"/*/; do n=$(basename "$r"); mkdir -p "/tmp/pack/train/$n"; cp "$r"/loss.jsonl "$r"/train.log "/tmp/pack/train/$n/" 2>/dev/null; done
-    cp /tmp/train-*.out /tmp/pack/train/
-    tar czf "$OUT/screen.tgz" -C /tmp eval -C /tmp/pack train
+    pack_runs_and_eval "$OUT/screen.tgz" /tmp/train-*.out
     bash scripts/pack_for_return.sh "$CKPT" 0 ;;
 pack)
     bash scripts/pack_for_return.sh "$CKPT" "${FIRST:?FIRST: the first checkpoint not yet sent back}" ;;
