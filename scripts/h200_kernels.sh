@@ -6,8 +6,8 @@
 #
 # Wheels: `bash scripts/device_wheels.sh` here (after every change), then
 #   run(command="bash scripts/h200_kernels.sh", carry=[".whl"])
-# Environment: PARTS (default "tests bench"; "fault": the tests FAULT_K names, each alone under
-# compute-sanitizer's memcheck; "traffic": per-kernel times joined with the byte model of
+# Environment: PARTS (default "tests bench"; "fault": the backward tests FAULT_K names, each alone
+# (under compute-sanitizer's memcheck where the machine has it); "traffic": per-kernel times joined with the byte model of
 # bench/forward_traffic.py, and scripts/scan_configs.py), TEST_SECONDS (default 240), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: .whl/BUILD, written by scripts/device_wheels.sh).
@@ -26,36 +26,38 @@ PARTS=${PARTS:-tests bench}
 # From /tmp, so that the installed wheel (with qedprobe.kernels) is imported, not the source folder.
 cd /tmp
 TEST_FILES=("$REPO"/tests/test_chunk.py "$REPO"/tests/test_chunk_bwd.py "$REPO"/tests/test_fused_recurrent.py "$REPO"/tests/test_decode_fast.py)
+SANITIZE=""
+compute-sanitizer --version > /dev/null 2>&1 && SANITIZE="compute-sanitizer --tool memcheck --print-limit 8"
+# tests_alone TB FILE...: each pytest -k expression read from stdin, alone in its own process with
+# synchronous launches (the traceback then names the faulting launch), under memcheck where the
+# machine has it, into $OUT/gpu_faults.log; then the first errors memcheck names (kernel, source
+# line, address) and each test's verdict.
+tests_alone() {
+    local tb=$1 k
+    shift
+    while read -r k; do
+        echo "== alone: $k"
+        CUDA_LAUNCH_BLOCKING=1 timeout 150 $SANITIZE python3 -m pytest -x -q -p no:cacheprovider --rootdir /tmp \
+            --tb="$tb" -k "$k" "$@" 2>&1
+    done > "$OUT/gpu_faults.log"
+    grep -E "^== alone|^=+ (Invalid|Out of|Address|at |by thread|Saved host)|passed|failed" "$OUT/gpu_faults.log" | head -60
+}
 if [[ " $PARTS " == *" tests "* ]]; then
     select="gpu or GPU or cuda_graph"
     [[ ${FLA_BWD:-0} == 1 ]] || select="($select) and not test_gpu_vs_fla_gdn2_backward"
     timeout "${TEST_SECONDS:-240}" python3 -m pytest -v -p no:cacheprovider --rootdir /tmp -k "$select" \
         "${TEST_FILES[@]}" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASS|FAIL|ERROR|passed|failed" | tail -40
     # A kernel fault poisons the process's CUDA context, so every later test fails with it: rerun
-    # each failed test alone with synchronous launches (the traceback then names the faulting
-    # launch), under compute-sanitizer's memcheck when the machine allows it.
+    # each failed test alone.
     if grep -q "illegal memory access" "$OUT/gpu_tests.log"; then
-        sanitize=""
-        compute-sanitizer --version > /dev/null 2>&1 && sanitize="compute-sanitizer --tool memcheck --print-limit 8"
         grep -E "^FAILED " "$OUT/gpu_tests.log" | sed -E 's/^FAILED [^:]*::([A-Za-z0-9_]+).*/\1/' | sort -u | head -8 |
-            while read -r t; do
-                echo "== alone: $t"
-                CUDA_LAUNCH_BLOCKING=1 timeout 150 $sanitize python3 -m pytest -x -q -p no:cacheprovider --rootdir /tmp \
-                    --tb=short -k "$t" "${TEST_FILES[@]}" 2>&1
-            done > "$OUT/gpu_faults.log"
-        # The first errors memcheck names (kernel, source line, address), then each test's verdict.
-        grep -E "^== alone|^=+ (Invalid|Out of|Address|at |by thread|Saved host)|passed|failed" "$OUT/gpu_faults.log" | head -60
+            tests_alone short "${TEST_FILES[@]}"
     fi
 fi
 if [[ " $PARTS " == *" fault "* ]]; then
-    # Named tests (FAULT_K: ";"-separated pytest -k expressions), each alone under memcheck.
-    IFS=';' read -r -a fault_k <<< "${FAULT_K:-test_gpu_long_vs_naive and full and dtype0;test_gpu_long_vs_naive and full and dtype1}"
-    for k in "${fault_k[@]}"; do
-        echo "== alone: $k"
-        CUDA_LAUNCH_BLOCKING=1 timeout 150 compute-sanitizer --tool memcheck --print-limit 8 python3 -m pytest -x -q \
-            -p no:cacheprovider --rootdir /tmp --tb=line -k "$k" "$REPO"/tests/test_chunk_bwd.py 2>&1
-    done > "$OUT/gpu_faults.log"
-    grep -E "^== alone|^=+ (Invalid|Out of|Address|at |by thread|Saved host)|passed|failed" "$OUT/gpu_faults.log" | head -60
+    # Named tests of the backward (FAULT_K: ";"-separated pytest -k expressions), each alone.
+    tr ';' '\n' <<< "${FAULT_K:-test_gpu_long_vs_naive and full and dtype0;test_gpu_long_vs_naive and full and dtype1}" |
+        tests_alone line "$REPO"/tests/test_chunk_bwd.py
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
     timeout "${BENCH_SECONDS:-330}" python3 "$REPO"/bench/kernels.py --json "$OUT/kernels.json" --commit "$COMMIT" \
