@@ -62,8 +62,9 @@ start)
             TOK=$TOK BUDGET=$((${BUDGET:-800} - ($(date +%s) - T0))) \
             setsid nohup bash scripts/h200_interference_train.sh > "/tmp/train-$prefix.out" 2>&1 < /dev/null &
     done
-    TESTS=${TESTS// tests /}; TESTS=${TESTS#tests}; TESTS=${TESTS%tests}
-    [[ -n ${TESTS// /} ]] && PARTS=$TESTS bash scripts/h200_kernels.sh  # the other parts, beside the training
+    beside=""
+    for part in $TESTS; do [[ $part == tests ]] || beside+=" $part"; done
+    [[ -n $beside ]] && PARTS=$beside bash scripts/h200_kernels.sh  # the other parts, beside the training
     sleep "${SHOW_SECONDS:-100}"
     tail -n 4 /tmp/train-*.out; runs_status ;;
 wait)
