@@ -11,7 +11,8 @@
 # Environment: BUDGET (seconds from now until the checkpoints must exist, default 1000), ARMS
 # (default "gdn2 full"; <arm>@<L> trains with lambda_max L), SEEDS (default "0 1"), PREFIX
 # (run-name prefix, default none), GPU_IDS (default 0), PER_GPU (default: all runs at once),
-# RECIPE (training flags, default below), CKPT / RUNS (default /tmp/ckpt, /tmp/runs).
+# RECIPE (training flags, default below), CKPT / RUNS (default /tmp/ckpt, /tmp/runs), STEPS (a
+# fixed step count instead of the probe's, e.g. to train more seeds of a recipe already trained).
 # scripts/h200_interference_train.sh calls it with the interference recipe.
 # Expects qedprobe installed where `python3 -P` finds it (`source scripts/device_env.sh`).
 set -euo pipefail
@@ -22,14 +23,18 @@ RECIPE=${RECIPE:---mixture short --loss answer --decay-a 0.5,2 --decay-dt 0.0001
 export ARMS=${ARMS:-gdn2 full} SEEDS=${SEEDS:-0 1} GPU_IDS=${GPU_IDS:-0} PREFIX=${PREFIX:-}
 [[ -n "${PER_GPU:-}" ]] && export PER_GPU
 
-PROBE=/tmp/probe-${PREFIX:-runs}  # one per PREFIX, so that several of these can run at once
-RUNS=$PROBE CKPT=$PROBE-ckpt EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40 $RECIPE" \
-    bash scripts/train_checkpoints.sh | tee "$PROBE.txt"
-STEP_S=$(awk '/s\/step/ {for (i = 1; i < NF; i++) if ($(i + 1) == "s/step") print $i}' "$PROBE.txt" | sort -g | tail -1)
-[[ -n "$STEP_S" ]] || { echo "every probe run failed (see $PROBE/*.stdout): no training"; exit 1; }
-LEFT=$((BUDGET - ($(date +%s) - START) - 120))  # then 15 % slack on the step time:
-STEPS=$(python3 -c "print(max(200, int($LEFT / ($STEP_S * 1.15)) // 100 * 100))")
-echo "probe: $STEP_S s/step (slowest run); $LEFT s left -> $STEPS steps"
+if [[ -z "${STEPS:-}" ]]; then
+    PROBE=/tmp/probe-${PREFIX:-runs}  # one per PREFIX, so that several of these can run at once
+    RUNS=$PROBE CKPT=$PROBE-ckpt EXTRA="--steps 40 --warmup 5 --decay 5 --save-every 40 $RECIPE" \
+        bash scripts/train_checkpoints.sh | tee "$PROBE.txt"
+    STEP_S=$(awk '/s\/step/ {for (i = 1; i < NF; i++) if ($(i + 1) == "s/step") print $i}' "$PROBE.txt" | sort -g | tail -1)
+    [[ -n "$STEP_S" ]] || { echo "every probe run failed (see $PROBE/*.stdout): no training"; exit 1; }
+    LEFT=$((BUDGET - ($(date +%s) - START) - 120))  # then 15 % slack on the step time:
+    STEPS=$(python3 -c "print(max(200, int($LEFT / ($STEP_S * 1.15)) // 100 * 100))")
+    echo "probe: $STEP_S s/step (slowest run); $LEFT s left -> $STEPS steps"
+else
+    echo "STEPS=$STEPS given: no probe"
+fi
 RUNS=${RUNS:-/tmp/runs} CKPT=${CKPT:-/tmp/ckpt} \
     EXTRA="--steps $STEPS --warmup 100 --decay $((STEPS / 5)) --save-every 500 $RECIPE" \
     bash scripts/train_checkpoints.sh "$((BUDGET - ($(date +%s) - START) - 30))"
