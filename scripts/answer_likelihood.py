@@ -5,7 +5,7 @@ says nothing; ``answer_logprob`` (``qedprobe.eval.likelihood``: log p of `` {val
 prompt, summed over its tokens) still moves. Chance for the 7 random digits is
 ``7 ln(1/10) = -16.12`` nats (plus the leading space, ~0 for a trained model).
 
-    python scripts/answer_likelihood.py --models checkpoints/{gdn2,full}-s0 --lengths 1K,2K \\
+    python scripts/answer_likelihood.py --models checkpoints/recall-{gdn2,full}-s0 --lengths 1K,2K \\
         --samples 40 --strengths=-1,0,1,2 --out runs/likelihood.json
 
 Every model sees the same prompts (task seed ``--seed``; sample i at length L is one prompt).

@@ -2,7 +2,8 @@
 # scripts/device_wheels.sh) once per machine into /tmp/site-<digest of the wheel set> and put that
 # folder, alone, on PYTHONPATH. A warm machine keeps the folder between calls, so a second script
 # in the same lease installs nothing; a changed wheel set gets a new folder, so a process still
-# running from the old one (a detached training run) is never pulled out from under.
+# running from the old one (a detached training run) is never pulled out from under. Exports
+# QEDPROBE_COMMIT (the wheel's commit, .whl/BUILD) for the model cards.
 _wheels="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.whl"
 ls "$_wheels"/*.whl > /dev/null 2>&1 || { echo "no wheels in $_wheels: run scripts/device_wheels.sh here and carry .whl"; return 1; }
 _site=/tmp/site-$(cd "$_wheels" && md5sum -- *.whl | md5sum | cut -c1-12)
@@ -13,3 +14,5 @@ if [[ ! -f $_site/.complete ]]; then
     touch "$_site/.complete"
 fi
 export PYTHONPATH=$_site PYTHONUNBUFFERED=1
+# The commit the qedprobe wheel was built from, for the model cards of runs trained here.
+[[ -f $_wheels/BUILD ]] && export QEDPROBE_COMMIT=$(cat "$_wheels/BUILD")

@@ -319,3 +319,36 @@ def test_gpu_recall_checkpoints_retrieve_on_cpu(folder, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
     assert len(rows) == 3 and all(r["correct"] for r in rows), [r["prediction"] for r in rows]
     assert len(summary) == 1
+
+
+def test_model_card_commit_falls_back_to_the_wheel_build(monkeypatch):
+    """Outside a git checkout (an installed wheel) the card's commit comes from $QEDPROBE_COMMIT."""
+    from qedprobe.train import card
+
+    def no_git(*args, **kwargs):
+        raise OSError("no git")
+    monkeypatch.setattr(card.subprocess, "run", no_git)
+    monkeypatch.setenv("QEDPROBE_COMMIT", "abc1234")
+    assert card.git_commit() == "abc1234"
+    monkeypatch.delenv("QEDPROBE_COMMIT")
+    assert card.git_commit() == "unknown"
+
+
+def test_interference_checkpoint_matches_the_asked_key(tmp_path):
+    """The shipped QED checkpoint interference-full-s0 writes the asked needle's value on MK-NIAH
+    (4 needles in noise, 1K tokens, 12 prompts) far above the 1/4 of a model that copies some
+    needle, and falls to that level or below when the question asks a key that no needle has
+    (the foreign-key control, same prompts otherwise): it matches keys (H200: 85-95 % real,
+    3-10 % control at 2K on 40 prompts)."""
+    from qedprobe.eval import run_sweep
+    from qedprobe.eval.control import ForeignKeyTask
+    from qedprobe.eval.tasks import NIAHTask
+    folder = ROOT / "checkpoints" / "interference-full-s0"
+    model = QEDModel.from_pretrained(folder, dtype=torch.float32).eval()
+    accuracy = {}
+    for name, kind in (("real", NIAHTask), ("control", ForeignKeyTask)):
+        task = kind("mk-niah", str(folder), num_needles=4, haystack="noise")
+        summary = run_sweep(model, task.tokenizer, task=task, lengths=[1024], strengths=[1.0], samples=12, seed=0,
+                            out=tmp_path / name, batch_size=12, progress=False).summary
+        accuracy[name] = summary[0]["accuracy"]
+    assert accuracy["real"] >= 0.75 and accuracy["control"] <= 0.25, accuracy

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 from datetime import datetime, timezone
@@ -16,13 +17,17 @@ FINAL_WINDOW = 20
 
 
 def git_commit() -> str:
-    """``git rev-parse HEAD`` of the qedprobe checkout (``"unknown"`` outside a git checkout)."""
+    """The qedprobe commit: ``git rev-parse HEAD`` of the checkout this module lives in, else
+    ``$QEDPROBE_COMMIT`` (set by the device scripts from the wheel's build record, since an
+    installed wheel has no git), else ``"unknown"``."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
+        pass
+    return os.environ.get("QEDPROBE_COMMIT") or "unknown"
 
 
 def device_name(device: torch.device) -> str:
