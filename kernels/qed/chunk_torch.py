@@ -11,8 +11,9 @@ chunk, ``S0`` the chunk-start state)::
     Sd_t       = (d_t e^{G_t})^T S0 + sum_{j<t} (d_t . k_j)_Dec r_j
     S_next     = Diag(e^{G_last}) S0 + sum_j (k_j e^{G_last - G_j}) r_j^T
 
-Memory per chunk is ``B * H * CHUNK^2 * K`` for ``Dec``: meant for small models (notebooks,
-tests, CPU evaluation) and as an autograd path, not for 340M-scale GPU work.
+``Dec`` has ``B * H * CHUNK^2 * K`` elements per chunk, formed for a few chunks at a time; with
+autograd every block is kept for the backward. Meant for small models (notebooks, tests, CPU
+evaluation) and as an autograd path, not for 340M-scale GPU work.
 """
 from __future__ import annotations
 
@@ -22,12 +23,31 @@ import torch.nn.functional as F
 from .naive import run_scan
 
 CHUNK = 32
+SCORE_BLOCK = 1 << 22
+"""Elements of ``Dec`` formed at once (16 MiB in float32)."""
 
 
 def _chunked(x: torch.Tensor, n_chunks: int) -> torch.Tensor:
     """``[B, T_pad, H, D]`` -> ``[B, H, NT, CHUNK, D]``."""
     B, _, H, D = x.shape
     return x.view(B, n_chunks, CHUNK, H, D).permute(0, 3, 1, 2, 4)
+
+
+def _decayed_scores(G: torch.Tensor, k: torch.Tensor, rows: list) -> list:
+    """``sum_c x_{t,c} k_{j,c} exp(G_{t,c} - G_{j,c})`` masked by ``mask[t, j]`` for each ``(x, mask)``
+    of ``rows``, all ``[B, H, NT, CHUNK, *]``: ``[B, H, NT, CHUNK, CHUNK]`` each. The decay
+    ``Dec`` is ``CHUNK`` times larger than the inputs, so it is formed for a block of chunks at a
+    time (about ``SCORE_BLOCK`` elements), so that memory stays bounded whatever the batch."""
+    B, H, NT, _, K = k.shape
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=k.device).tril()
+    step = max(1, SCORE_BLOCK // (B * H * CHUNK * CHUNK * K))
+    blocks = [[] for _ in rows]
+    for n0 in range(0, NT, step):
+        Gb, kb = G[:, :, n0:n0 + step], k[:, :, n0:n0 + step]
+        dec = (Gb.unsqueeze(-2) - Gb.unsqueeze(-3)).masked_fill(~causal[..., None], float("-inf")).exp()
+        for out, (x, mask) in zip(blocks, rows):
+            out.append((x[:, :, n0:n0 + step].unsqueeze(-2) * kb.unsqueeze(-3) * dec).sum(-1) * mask)
+    return [torch.cat(out, 2) for out in blocks]
 
 
 def chunk_scan(q, k, wv, g, a, d, scale, state, want_sd):
@@ -39,16 +59,15 @@ def chunk_scan(q, k, wv, g, a, d, scale, state, want_sd):
     q, k, wv, g, a, d = (_chunked(F.pad(x, (0, 0, 0, 0, 0, pad)), n_chunks) for x in (q, k, wv, g, a, d))
     G = g.cumsum(-2)
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    diff = (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(~causal[..., None], float("-inf"))
-    dec = diff.exp()                                                       # [B,H,NT,t,j,K]
     strict = torch.ones_like(causal).tril(-1)
-    scores = lambda x, mask: (x.unsqueeze(-2) * k.unsqueeze(-3) * dec).sum(-1) * mask  # noqa: E731
+    rows = [(a, strict), (q, causal)] + ([(d, strict)] if want_sd else [])
+    a_kk, q_k, *d_k = _decayed_scores(G, k, rows)
     eye = torch.eye(CHUNK, dtype=q.dtype, device=q.device)
-    lower = eye + scores(a, strict)
+    lower = eye + a_kk
     u = torch.linalg.solve_triangular(lower, wv, upper=False, unitriangular=True)
     w = torch.linalg.solve_triangular(lower, a * G.exp(), upper=False, unitriangular=True)
-    a_qk = scale * scores(q, causal)
-    a_dk = scores(d, strict) if want_sd else None
+    a_qk = scale * q_k
+    a_dk = d_k[0] if want_sd else None
     qg, dg = scale * q * G.exp(), d * G.exp()
     k_tail = k * (G[..., -1:, :] - G).exp()
     outs, sds = [], []
