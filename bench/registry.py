@@ -58,6 +58,9 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("forward_traffic", "forward_traffic.py",
               "an analytic model (not a measurement) of the bytes each qed_chunk forward launch reads and "
               "writes, against fla chunk_gdn2's forward launches", "none"),
+    Benchmark("cpu_generate", "cpu_generate.py",
+              "one batched QEDModel.generate call on CPU (16 MK-NIAH prompts of 1K, interference-full-s0, "
+              "the PyTorch chunk path) at THREADS threads", "none"),
     Benchmark("registers", "chunk_aot.py",
               "shared memory, registers and spills per chunk kernel, compiled for sm_90 by Triton's "
               "AOT path and its ptxas", "none"),
