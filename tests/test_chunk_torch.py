@@ -33,23 +33,8 @@ def test_packed_sequences():
     assert_outputs_close(*both(x, cu_seqlens=torch.tensor([0, 7, 40, 50])), atol=1e-12)
 
 
-def test_decay_formed_in_blocks_of_chunks(monkeypatch):
-    """With ``Dec`` formed a few chunks at a time (a block smaller than one sequence's chunks,
-    not dividing them) the outputs, probes and gradients equal the reference."""
-    from qedprobe.kernels.qed import chunk_torch
-    x = make_inputs(B=2, T=150, H=2, K=4, V=3, seed=36)
-    monkeypatch.setattr(chunk_torch, "SCORE_BLOCK", 2 * 2 * chunk_torch.CHUNK ** 2 * 4 * 2)  # 2 of 5 chunks
-    assert_outputs_close(*both(x), atol=1e-12)
-    leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
-    qed_chunk_torch(*leaves.values())[0].square().sum().backward()
-    reference = {n: t.clone().requires_grad_(True) for n, t in x.items()}
-    qed_naive(*reference.values())[0].square().sum().backward()
-    for name in x:
-        torch.testing.assert_close(leaves[name].grad, reference[name].grad, rtol=0, atol=1e-10)
-
-
-def test_gradients_equal_the_reference():
-    x = make_inputs(B=1, T=37, H=2, K=4, V=3, seed=34)
+def assert_gradients_match_the_reference(x):
+    """Gradients of every input through ``o`` and the final state: chunked path vs ``qed_naive``."""
     grads = []
     for op in (qed_chunk_torch, qed_naive):
         leaves = {n: t.clone().requires_grad_(True) for n, t in x.items()}
@@ -58,6 +43,20 @@ def test_gradients_equal_the_reference():
         grads.append({n: t.grad for n, t in leaves.items()})
     for name in x:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=0, atol=1e-10)
+
+
+def test_decay_formed_in_blocks_of_chunks(monkeypatch):
+    """With ``Dec`` formed a few chunks at a time (a block smaller than one sequence's chunks,
+    not dividing them) the outputs, probes and gradients equal the reference."""
+    from qedprobe.kernels.qed import chunk_torch
+    x = make_inputs(B=2, T=150, H=2, K=4, V=3, seed=36)
+    monkeypatch.setattr(chunk_torch, "SCORE_BLOCK", 2 * 2 * chunk_torch.CHUNK ** 2 * 4 * 2)  # 2 of 5 chunks
+    assert_outputs_close(*both(x), atol=1e-12)
+    assert_gradients_match_the_reference(x)
+
+
+def test_gradients_equal_the_reference():
+    assert_gradients_match_the_reference(make_inputs(B=1, T=37, H=2, K=4, V=3, seed=34))
 
 
 def test_dispatcher_uses_the_chunked_path_on_cpu_and_refuses_unknown_modes():

@@ -33,13 +33,13 @@ def _chunked(x: torch.Tensor, n_chunks: int) -> torch.Tensor:
     return x.view(B, n_chunks, CHUNK, H, D).permute(0, 3, 1, 2, 4)
 
 
-def _decayed_scores(G: torch.Tensor, k: torch.Tensor, rows: list) -> list:
+def _decayed_scores(G: torch.Tensor, k: torch.Tensor, rows: list, causal: torch.Tensor) -> list:
     """``sum_c x_{t,c} k_{j,c} exp(G_{t,c} - G_{j,c})`` masked by ``mask[t, j]`` for each ``(x, mask)``
-    of ``rows``, all ``[B, H, NT, CHUNK, *]``: ``[B, H, NT, CHUNK, CHUNK]`` each. The decay
+    of ``rows``, all ``[B, H, NT, CHUNK, *]``: ``[B, H, NT, CHUNK, CHUNK]`` each (``causal``, the
+    ``[CHUNK, CHUNK]`` lower triangle, keeps ``exp`` off the pairs ``j > t``). The decay
     ``Dec`` is ``CHUNK`` times larger than the inputs, so it is formed for a block of chunks at a
     time (about ``SCORE_BLOCK`` elements), so that memory stays bounded whatever the batch."""
     B, H, NT, _, K = k.shape
-    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=k.device).tril()
     step = max(1, SCORE_BLOCK // (B * H * CHUNK * CHUNK * K))
     blocks = [[] for _ in rows]
     for n0 in range(0, NT, step):
@@ -61,7 +61,7 @@ def chunk_scan(q, k, wv, g, a, d, scale, state, want_sd):
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
     strict = torch.ones_like(causal).tril(-1)
     rows = [(a, strict), (q, causal)] + ([(d, strict)] if want_sd else [])
-    a_kk, q_k, *d_k = _decayed_scores(G, k, rows)
+    a_kk, q_k, *d_k = _decayed_scores(G, k, rows, causal)
     eye = torch.eye(CHUNK, dtype=q.dtype, device=q.device)
     lower = eye + a_kk
     u = torch.linalg.solve_triangular(lower, wv, upper=False, unitriangular=True)
