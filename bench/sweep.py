@@ -59,7 +59,6 @@ from qedprobe.tokenizer import ByteTokenizer
 FULL_LENGTHS = parse_int_list("1K,2K,4K,8K,16K,32K")
 FULL_STRENGTHS = [-1.0, 0.0, 0.5, 1.0, 1.5, 2.0]
 FULL_SAMPLES = 500
-FULL_ROWS = len(FULL_LENGTHS) * len(FULL_STRENGTHS) * FULL_SAMPLES
 """The Table-4 grid: six strengths x 1K..32K x 500 samples (18,000 rows)."""
 
 TIMING_FILE = "bench_timing.json"
@@ -176,8 +175,12 @@ def git_commit() -> str:
         return "unknown"
 
 
-def report(total: dict, *, rows: int, grid_rows: int, full_grid: bool, extra: dict) -> dict:
-    """The JSON object of the whole grid so far (every call summed)."""
+def report(total: dict, *, rows: int, grid_rows: int, grid_tokens: int, full_grid: bool, extra: dict) -> dict:
+    """The JSON object of the whole grid so far (every call summed). While the grid is unfinished,
+    ``grid_s_estimate`` extrapolates the wall time to the whole grid by prompt tokens: the wall so
+    far times ``grid_tokens`` (the grid's nominal prompt tokens, sum of length x strengths x
+    samples) over the prompt tokens done. Prefill dominates and the long rows come last, so a
+    share of rows would underestimate it; rows done in untimed calls leave it ``None``."""
     wall, untimed = total["wall_s"], total["untimed_rows"]
     pre = total["prefill_by_length"]
     dec = total["decode_by_batch"]
@@ -200,7 +203,8 @@ def report(total: dict, *, rows: int, grid_rows: int, full_grid: bool, extra: di
         "model_build_s": round(total["model_build_s"], 2),
         "time_s": {k: round(v, 2) for k, v in total["time_s"].items()},
         "share": {k: round(v / wall, 4) for k, v in total["time_s"].items()} if wall else None,
-        "full_grid_s_linear_estimate": round(wall * FULL_ROWS / rows, 1) if rows and not full_grid else None,
+        "grid_s_estimate": (round(wall * grid_tokens / total["prompt_tokens"], 1)
+                            if total["prompt_tokens"] and rows < grid_rows and not untimed else None),
     }
 
 
@@ -289,6 +293,7 @@ def main(argv=None) -> int:
         return 0
     rows = len(load_results(out)) if Path(out, "results.jsonl").exists() else 0
     grid_rows = len(lengths) * len(strengths) * args.samples
+    grid_tokens = sum(lengths) * len(strengths) * args.samples
     full_grid = (not args.tiny and result.missing == 0 and lengths == FULL_LENGTHS and args.samples == FULL_SAMPLES
                  and sorted(strengths) == FULL_STRENGTHS and args.task == "s-niah-1")
     peak = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2) if device.type == "cuda" else None
@@ -313,7 +318,7 @@ def main(argv=None) -> int:
                  "batch_tokens": args.batch_tokens, "batch_size": args.batch_size, "decode": args.decode},
         "peak_gpu_mem_gib": peak,
     }
-    res = report(total, rows=rows, grid_rows=grid_rows, full_grid=full_grid, extra=extra)
+    res = report(total, rows=rows, grid_rows=grid_rows, grid_tokens=grid_tokens, full_grid=full_grid, extra=extra)
     json.dump(res, sys.stdout, indent=2)
     print()
     target = args.json or (os.path.join(os.environ["OUT"], "sweep.json") if os.environ.get("OUT") else None)

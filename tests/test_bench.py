@@ -17,6 +17,7 @@ try:
     import forward_traffic
     import registry
     import run
+    import sweep as sweep_bench
 finally:
     sys.path.remove(str(BENCH))
 
@@ -75,6 +76,18 @@ def test_sweep_benchmark_resumes_and_sums_its_calls(tmp_path, capsys):
     (tmp_path / "grid" / "bench_timing.json").unlink()  # as if the calls so far were killed before writing it
     third = _sweep_bench(tmp_path, capsys, "--lengths", "512,1K", "--budget", "16")
     assert (third["rows"], third["calls"], third["untimed_rows"], third["target_met"]) == (4, 1, 4, None)
+
+
+def test_unfinished_grid_estimate_scales_the_wall_by_prompt_tokens():
+    """A third of the grid's nominal prompt tokens done in 10 s: the whole grid is estimated at
+    30 s whatever the share of rows (here a half, which would say 20 s); none once it is complete
+    or when rows were done in untimed calls."""
+    total = {"wall_s": 10.0, "untimed_rows": 0, "calls": 1, "prompt_tokens": 1000, "new_tokens": 10,
+             "prefill_by_length": {}, "decode_by_batch": {}, "model_build_s": 1.0, "time_s": {"prefill": 10.0}}
+    kw = {"grid_rows": 4, "grid_tokens": 3000, "full_grid": False, "extra": {}}
+    assert sweep_bench.report(total, rows=2, **kw)["grid_s_estimate"] == 30.0
+    assert sweep_bench.report(total, rows=4, **kw)["grid_s_estimate"] is None
+    assert sweep_bench.report({**total, "untimed_rows": 1}, rows=2, **kw)["grid_s_estimate"] is None
 
 
 @pytest.mark.parametrize("probes", [False, True])
