@@ -287,9 +287,11 @@ def test_cli_flags_override_the_preset():
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", "--preset", "micro", "--out", "x", "--arm", "gdn2", "--seed", "1",
-                              "--hidden", "48", "--steps", "100", "--no-op-fallback", "--decay-dt", "1e-4,0.1"])
+                              "--hidden", "48", "--steps", "100", "--no-op-fallback", "--decay-dt", "1e-4,0.1",
+                              "--theta-lr-mult", "100"])
     cfg = config_from_args(args)
     assert cfg.model["decay_dt_range"] == (1e-4, 0.1) and "decay_a_range" not in cfg.model
+    assert cfg.theta_lr_mult == 100 and config_from_args(parser.parse_args(["train", "--out", "x"])).theta_lr_mult == 10
     assert (cfg.arm, cfg.seed, cfg.steps, cfg.op_fallback) == ("gdn2", 1, 100, False)
     assert cfg.model["hidden_size"] == 48 and cfg.model["num_hidden_layers"] == 2
     assert args.func.__name__ == "run"

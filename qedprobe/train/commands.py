@@ -24,7 +24,7 @@ from .trainer import resolve_device, train
 
 # CLI flag -> TrainConfig field (None values are not overrides)
 FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "batch_size",
-          "accum": "accum", "steps": "steps", "lr": "lr", "warmup": "warmup_steps",
+          "accum": "accum", "steps": "steps", "lr": "lr", "theta_lr_mult": "theta_lr_mult", "warmup": "warmup_steps",
           "decay": "decay_steps", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
           "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
           "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init"}
@@ -145,7 +145,9 @@ def register(subparsers) -> None:
     g.add_argument("--batch-size", type=int, help="rows per micro-batch")
     g.add_argument("--accum", type=int, help="micro-batches per step")
     g.add_argument("--steps", type=int)
-    g.add_argument("--lr", type=float, help="peak learning rate (theta gets 10x)")
+    g.add_argument("--lr", type=float, help="peak learning rate (theta gets --theta-lr-mult times it)")
+    g.add_argument("--theta-lr-mult", type=float,
+                   help="theta's learning rate as a multiple of --lr (default 10, the paper's)")
     g.add_argument("--warmup", type=int, help="warmup steps")
     g.add_argument("--decay", type=int, help="decay steps at the end")
     g.add_argument("--min-lr-ratio", type=float)
