@@ -13,6 +13,12 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
    (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
    and ``dg = d exp(G)``.
 
+Both passes walk the key slices with the next slice's loads issued before the current slice's
+work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
+last prefetch is pass 2's first slice), so each program has two slices of loads in flight and
+their latency overlaps the work on the slice before, instead of each slice waiting for its own
+loads.
+
 ``qed_scores_kernel`` (one program per 16-token row block, chunk and value head): one
 ``[16, 64]`` row block of each score matrix ``A_xk[t, j] = sum_c x_{t,c} e^{G_{t,c} - G_{j,c}}
 k_{j,c}``: ``A_kk`` (``x = a``, strict), ``A_qk`` (``x = scale q``, inclusive) and, with probes,
@@ -68,27 +74,22 @@ def raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl
 
 
 @triton.jit
-def _stats(q, k, b, z, d_in, rows, m_r, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-           BR: tl.constexpr, BKS: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
-           DT: tl.constexpr):
-    """Per-row sums over all K: ``|q|^2, |k|^2, q.k, sum b k^2, k.x`` (``x`` the raw direction)."""
-    qq = tl.zeros([BR], dtype=DT)
-    kk = tl.zeros([BR], dtype=DT)
-    kq = tl.zeros([BR], dtype=DT)
-    bkk = tl.zeros([BR], dtype=DT)
-    kx = tl.zeros([BR], dtype=DT)
-    for i_k in range(tl.cdiv(K, BKS)):
-        cols, m_c = channel_slice(i_k, BKS, K)
-        b_q = load_tile(q, rows, m_r, cols, m_c, H * K, DT)
-        b_k = load_tile(k, rows, m_r, cols, m_c, H * K, DT)
-        b_b = load_tile(b, rows, m_r, cols, m_c, HV * K, DT)
-        qq += tl.sum(b_q * b_q, 1)
-        kk += tl.sum(b_k * b_k, 1)
-        kq += tl.sum(b_k * b_q, 1)
-        bkk += tl.sum(b_b * b_k * b_k, 1)
-        kx += tl.sum(b_k * raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE,
-                                          DIR_GATED, DT), 1)
-    return qq, kk, kq, bkk, kx
+def _slice_rows(q, k, b, rows, m_r, i_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                BKS: tl.constexpr):
+    """Key slice ``i_k`` of the raw ``q, k`` (query/key head) and ``b`` rows, in their stored dtype
+    (held across a loop iteration as a prefetch, converted where used)."""
+    cols, m_c = channel_slice(i_k, BKS, K)
+    return (load_tile(q, rows, m_r, cols, m_c, H * K, q.dtype.element_ty),
+            load_tile(k, rows, m_r, cols, m_c, H * K, k.dtype.element_ty),
+            load_tile(b, rows, m_r, cols, m_c, HV * K, b.dtype.element_ty))
+
+
+@triton.jit
+def _stats(b_q, b_k, b_b, b_x):
+    """Per-row sums over one key slice of raw ``q, k, b`` and the raw direction ``x``:
+    ``|q|^2, |k|^2, q.k, sum b k^2, k.x``."""
+    return (tl.sum(b_q * b_q, 1), tl.sum(b_k * b_k, 1), tl.sum(b_k * b_q, 1), tl.sum(b_b * b_k * b_k, 1),
+            tl.sum(b_k * b_x, 1))
 
 
 @triton.jit
@@ -110,18 +111,26 @@ def _scalars(qq, kk, kq, bkk, kx, lam_r, L2NORM: tl.constexpr, DIR_SOURCE: tl.co
 
 
 @triton.jit
-def erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.constexpr,
-                HV: tl.constexpr, K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
-                DT: tl.constexpr):
+def erase_tiles(b_q, b_k, b_b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, HV: tl.constexpr,
+                K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
     """Normalised ``q, k``, the direction ``d = x - c k`` and the erase vector ``a = b k + lam d``
-    on one ``[rows, cols]`` slice."""
-    b_q = load_tile(q, rows, m_r, cols, m_c, H * K, DT) * rq[:, None]
-    b_k = load_tile(k, rows, m_r, cols, m_c, H * K, DT) * rk[:, None]
-    b_b = load_tile(b, rows, m_r, cols, m_c, HV * K, DT)
+    on one ``[rows, cols]`` slice, from the raw ``q, k, b`` tiles of that slice (as ``DT``)."""
+    b_q = b_q * rq[:, None]
+    b_k = b_k * rk[:, None]
     b_d = raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE, DIR_GATED, DT) \
         - c[:, None] * b_k
     b_a = b_b * b_k + lam_r[:, None] * b_d
     return b_q, b_k, b_a, b_d
+
+
+@triton.jit
+def erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.constexpr,
+                HV: tl.constexpr, K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+                DT: tl.constexpr):
+    """:func:`erase_tiles` on the ``[rows, cols]`` slice loaded from ``q, k, b``."""
+    return erase_tiles(load_tile(q, rows, m_r, cols, m_c, H * K, DT), load_tile(k, rows, m_r, cols, m_c, H * K, DT),
+                       load_tile(b, rows, m_r, cols, m_c, HV * K, DT), z, d_in, rows, m_r, cols, m_c, rq, rk, c,
+                       lam_r, HV, K, DIR_SOURCE, DIR_GATED, DT)
 
 
 @triton.jit
@@ -183,8 +192,30 @@ def qed_prep_kernel(
         d_in += i_hv * K
     lam_f = _row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
 
-    # ---- 1: row statistics over all of K, per-row scalars, probes rho and e
-    qq, kk, kq, bkk, kx = _stats(q, k, b, z, d_in, rows, m_t, H, HV, K, BT, BKS, DIR_SOURCE, DIR_GATED, DT)
+    # ---- 1: row statistics over all of K, per-row scalars, probes rho and e. Each iteration
+    # first issues the loads of the next key slice (after the last: slice 0, where pass 2 starts)
+    NK: tl.constexpr = (K + BKS - 1) // BKS
+    qq = tl.zeros([BT], dtype=DT)
+    kk = tl.zeros([BT], dtype=DT)
+    kq = tl.zeros([BT], dtype=DT)
+    bkk = tl.zeros([BT], dtype=DT)
+    kx = tl.zeros([BT], dtype=DT)
+    r_q, r_k, r_b = _slice_rows(q, k, b, rows, m_t, 0, H, HV, K, BKS)
+    for i_k in range(NK):
+        cols, m_c = channel_slice(i_k, BKS, K)
+        n_q, n_k, n_b = _slice_rows(q, k, b, rows, m_t, (i_k + 1) % NK, H, HV, K, BKS)
+        b_q, b_k, b_b = r_q.to(DT), r_k.to(DT), r_b.to(DT)
+        s_qq, s_kk, s_kq, s_bkk, s_kx = _stats(b_q, b_k, b_b, raw_direction(b_q, b_b, z, d_in, rows, m_t, cols, m_c, HV,
+                                                                            K, DIR_SOURCE, DIR_GATED, DT))
+        qq += s_qq
+        kk += s_kk
+        kq += s_kq
+        bkk += s_bkk
+        kx += s_kx
+        r_q, r_k, r_b = n_q, n_k, n_b
+    off = i_hv * K
+    cols, m_c = channel_slice(0, BKS, K)
+    r_g = load_tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
     b_rq, b_rk, b_c, b_rho, b_e = _scalars(qq, kk, kq, bkk, kx, lam_f, L2NORM, DIR_SOURCE, DIR_PROJECTED)
     p_row = rows * HV + i_hv
     tl.store(rq + p_row, b_rq.to(rq.dtype.element_ty), mask=m_t)
@@ -194,17 +225,21 @@ def qed_prep_kernel(
         tl.store(rho + p_row, b_rho.to(rho.dtype.element_ty), mask=m_t)
         tl.store(eig + p_row, b_e.to(eig.dtype.element_ty), mask=m_t)
 
-    # ---- 2: G, kg, qg, ag, (dg, d) per key slice, chunk decay e^{G_last}
-    off = i_hv * K
-    for i_k in range(tl.cdiv(K, BKS)):
+    # ---- 2: G, kg, qg, ag, (dg, d) per key slice, chunk decay e^{G_last}; the next slice's
+    # loads first (the last iteration reloads its own)
+    for i_k in range(NK):
         cols, m_c = channel_slice(i_k, BKS, K)
-        b_q, b_k, b_a, b_d = erase_rows(q, k, b, z, d_in, rows, m_t, cols, m_c, b_rq, b_rk, b_c, lam_f,
-                                       H, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        b_g = load_tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
-        b_G = tl.cumsum(b_g, 0)
-        b_glast = tl.sum(b_g, 0)
+        i_n = tl.minimum(i_k + 1, NK - 1)
+        n_q, n_k, n_b = _slice_rows(q, k, b, rows, m_t, i_n, H, HV, K, BKS)
+        c_n, m_n = channel_slice(i_n, BKS, K)
+        n_g = load_tile(g + off, rows, m_t, c_n, m_n, HV * K, DT)
+        b_q, b_k, b_a, b_d = erase_tiles(r_q.to(DT), r_k.to(DT), r_b.to(DT), z, d_in, rows, m_t, cols, m_c, b_rq,
+                                         b_rk, b_c, lam_f, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        b_G = tl.cumsum(r_g, 0)
+        b_glast = tl.sum(r_g, 0)
         b_ex = tl.exp(b_G)
-        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
+        if gc is not None:
+            store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
         store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
@@ -212,6 +247,7 @@ def qed_prep_kernel(
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
+        r_q, r_k, r_b, r_g = n_q, n_k, n_b, n_g
 
 
 @dataclass(frozen=True)
@@ -236,14 +272,15 @@ class DirectionInputs:
 class Prepared:
     """What ``qed_prep_kernel`` writes. Per row ``[B, T, HV]`` (state dtype): ``rq, rk`` (norm
     factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``gc``
-    (``G``, state dtype), ``kg``, ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
+    (``G``, state dtype; ``None`` when not stored: only the scores kernel reads it), ``kg``,
+    ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
     ``[NC, HV, K]`` (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype."""
 
     rq: torch.Tensor
     rk: torch.Tensor
     cp: torch.Tensor
-    gc: torch.Tensor
+    gc: torch.Tensor | None
     kg: torch.Tensor
     qg: torch.Tensor
     ag: torch.Tensor
@@ -255,13 +292,16 @@ class Prepared:
 
 
 def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: ChunkLayout,
-                   inter_dtype: torch.dtype, probes: bool) -> Prepared:
-    """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs."""
+                   inter_dtype: torch.dtype, probes: bool, store_g: bool = True) -> Prepared:
+    """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs; ``G`` is
+    written only with ``store_g`` (the forward's scores kernel reads it, the backward's rerun of
+    the prep does not)."""
     B, T, HV, K = g.shape
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
     bk = lambda dt: torch.empty(B, T, HV, K, device=dev, dtype=dt)  # noqa: E731
-    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct), kg=bk(inter_dtype), qg=bk(inter_dtype), ag=bk(inter_dtype),
+    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct) if store_g else None, kg=bk(inter_dtype),
+                   qg=bk(inter_dtype), ag=bk(inter_dtype),
                    gl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
                    e=row() if probes else None, d=bk(ct) if probes else None)
