@@ -50,7 +50,8 @@ def test_decay_formed_in_blocks_of_chunks(monkeypatch):
     not dividing them) the outputs, probes and gradients equal the reference."""
     from qedprobe.kernels.qed import chunk_torch
     x = make_inputs(B=2, T=150, H=2, K=4, V=3, seed=36)
-    monkeypatch.setattr(chunk_torch, "SCORE_BLOCK", 2 * 2 * chunk_torch.CHUNK ** 2 * 4 * 2)  # 2 of 5 chunks
+    per_chunk = 2 * 2 * chunk_torch.CHUNK * chunk_torch.SUB * 4  # B * H * CHUNK * SUB * K
+    monkeypatch.setattr(chunk_torch, "SCORE_BLOCK", 2 * per_chunk)  # 2 of 5 chunks
     assert_outputs_close(*both(x), atol=1e-12)
     assert_gradients_match_the_reference(x)
 

@@ -11,9 +11,14 @@ chunk, ``S0`` the chunk-start state)::
     Sd_t       = (d_t e^{G_t})^T S0 + sum_{j<t} (d_t . k_j)_Dec r_j
     S_next     = Diag(e^{G_last}) S0 + sum_j (k_j e^{G_last - G_j}) r_j^T
 
-``Dec`` has ``B * H * CHUNK^2 * K`` elements per chunk, formed for a few chunks at a time; with
-autograd every block is kept for the backward. Meant for small models (notebooks, tests, CPU
-evaluation) and as an autograd path, not for 340M-scale GPU work.
+The scores are formed by sub-chunks of ``SUB`` rows, as the Triton kernels do: ``Dec`` exactly
+per element only inside a sub-chunk's diagonal ``SUB x SUB`` block, and the pairs before it as one
+product through the sub-chunk's first row ``r``, ``exp(G_t - G_j) = exp(G_t - G_r) exp(G_r - G_j)``,
+both factors at most 1 (``j < r <= t``), so nothing overflows and a factor that underflows
+stands for a pair whose exact decay is smaller still. That is ``B * H * CHUNK * SUB * K``
+elements per chunk instead of ``CHUNK^2 * K``, formed for a few chunks at a time; with autograd
+every block is kept for the backward. Meant for small models (notebooks, tests, CPU evaluation)
+and as an autograd path, not for 340M-scale GPU work.
 """
 from __future__ import annotations
 
@@ -23,8 +28,10 @@ import torch.nn.functional as F
 from .naive import run_scan
 
 CHUNK = 32
+SUB = 8
+"""Rows of a sub-chunk: the diagonal blocks whose decay is formed per element."""
 SCORE_BLOCK = 1 << 22
-"""Elements of ``Dec`` formed at once (16 MiB in float32)."""
+"""Elements of the largest decay tensor formed at once (16 MiB in float32)."""
 
 
 def _chunked(x: torch.Tensor, n_chunks: int) -> torch.Tensor:
@@ -36,17 +43,32 @@ def _chunked(x: torch.Tensor, n_chunks: int) -> torch.Tensor:
 def _decayed_scores(G: torch.Tensor, k: torch.Tensor, rows: list, causal: torch.Tensor) -> list:
     """``sum_c x_{t,c} k_{j,c} exp(G_{t,c} - G_{j,c})`` masked by ``mask[t, j]`` for each ``(x, mask)``
     of ``rows``, all ``[B, H, NT, CHUNK, *]``: ``[B, H, NT, CHUNK, CHUNK]`` each (``causal``, the
-    ``[CHUNK, CHUNK]`` lower triangle, keeps ``exp`` off the pairs ``j > t``). The decay
-    ``Dec`` is ``CHUNK`` times larger than the inputs, so it is formed for a block of chunks at a
-    time (about ``SCORE_BLOCK`` elements), so that memory stays bounded whatever the batch."""
-    B, H, NT, _, K = k.shape
-    step = max(1, SCORE_BLOCK // (B * H * CHUNK * CHUNK * K))
+    ``[CHUNK, CHUNK]`` lower triangle, keeps ``exp`` off the pairs ``j > t``). Per sub-chunk ``I``
+    of ``SUB`` rows (see the module doc): the pairs with ``j`` before it as the product
+    ``(x_t e^{G_t - G_r}) . (k_j e^{G_r - G_j})``, the pairs inside it with ``Dec`` per element.
+    Formed for a block of chunks at a time (about ``SCORE_BLOCK`` elements of the largest
+    tensor), so that memory stays bounded whatever the batch."""
+    B, H, NT, C, K = k.shape
+    ns = C // SUB
+    sub = lambda x: x.unflatten(-2, (ns, SUB))  # noqa: E731  [.., C, K] -> [.., ns, SUB, K]
+    cols = torch.arange(C, device=k.device)
+    before = cols[None, :] < (torch.arange(ns, device=k.device) * SUB)[:, None]  # [ns, C]: j before sub-chunk I
+    diag_causal = causal[:SUB, :SUB]
+    step = max(1, SCORE_BLOCK // (B * H * C * SUB * K))
     blocks = [[] for _ in rows]
     for n0 in range(0, NT, step):
         Gb, kb = G[:, :, n0:n0 + step], k[:, :, n0:n0 + step]
-        dec = (Gb.unsqueeze(-2) - Gb.unsqueeze(-3)).masked_fill(~causal[..., None], float("-inf")).exp()
+        Gs, ks = sub(Gb), sub(kb)
+        ref = Gs[..., :1, :]                                            # [.., ns, 1, K]: G_r
+        k_ref = (ref - Gb.unsqueeze(-3)).masked_fill(~before[..., None], float("-inf")).exp() * kb.unsqueeze(-3)
+        dec = (Gs.unsqueeze(-2) - Gs.unsqueeze(-3)).masked_fill(~diag_causal[..., None], float("-inf")).exp()
+        row_decay = (Gs - ref).exp()                                   # [.., ns, SUB, K]: e^{G_t - G_r}
         for out, (x, mask) in zip(blocks, rows):
-            out.append((x[:, :, n0:n0 + step].unsqueeze(-2) * kb.unsqueeze(-3) * dec).sum(-1) * mask)
+            xs = sub(x[:, :, n0:n0 + step])
+            earlier = (xs * row_decay) @ k_ref.transpose(-1, -2)       # [.., ns, SUB, C], zero from r on
+            inside = (xs.unsqueeze(-2) * ks.unsqueeze(-3) * dec).sum(-1)  # [.., ns, SUB, SUB]
+            pad = [F.pad(inside[..., i, :, :], (i * SUB, C - (i + 1) * SUB)) for i in range(ns)]
+            out.append((earlier + torch.stack(pad, -3)).flatten(-3, -2) * mask)
     return [torch.cat(out, 2) for out in blocks]
 
 
