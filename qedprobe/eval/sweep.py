@@ -492,8 +492,8 @@ Triton kernels compute element offsets ``token x heads x head_dim`` in int32, wh
 def prefill_bytes_per_token(cfg) -> int:
     """A bound on a prefill's live activation bytes per prompt token of a ``QEDConfig`` model:
     the widest tensors one block holds at once (bf16 projections and MLP, float32 log-decay and
-    the recurrence's intra-chunk buffers, float32 residual and norms), about twice what the plain
-    path was measured to need on the 340M shape."""
+    the recurrence's intra-chunk buffers, float32 residual and norms): an upper bound, so that a
+    batch sized by it fits whatever the path (docs/BENCHMARKS.md has the measured peaks)."""
     hk = cfg.num_heads * max(cfg.head_dim, cfg.head_v_dim)
     wide = 3 * cfg.intermediate_size + 2 * (5 * hk + 2 * cfg.head_v_dim)
     return 2 * wide + 4 * 7 * hk + 8 * cfg.hidden_size

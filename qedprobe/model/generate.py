@@ -230,7 +230,7 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
     ``[B, T, ...]`` rows of the prompts of that length, in each decode step with ``[N, 1, ...]``
     (all prompts, in order). ``cuda_graph`` (default on) replays the decode step from a CUDA
     graph where that is exact (CUDA, no hooks attached; see :mod:`.decode_step`): the same
-    tokens bit for bit as the eager step (``tests/test_decode_fast.py``, passed on an H200);
+    tokens bit for bit as the eager step (``tests/test_decode_fast.py`` checks it on CUDA);
     ``cuda_graph=False`` forces the eager step.
     """
     packed, eos, stop_ids = checked_generate_inputs(
