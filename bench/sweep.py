@@ -56,10 +56,11 @@ from qedprobe.model import QEDConfig, QEDModel
 from qedprobe.model import generate as generation
 from qedprobe.tokenizer import ByteTokenizer
 
+# The Table-4 grid: six strengths x 1K..32K x 500 samples (18,000 rows; 193.5M nominal prompt tokens).
 FULL_LENGTHS = parse_int_list("1K,2K,4K,8K,16K,32K")
 FULL_STRENGTHS = [-1.0, 0.0, 0.5, 1.0, 1.5, 2.0]
 FULL_SAMPLES = 500
-"""The Table-4 grid: six strengths x 1K..32K x 500 samples (18,000 rows)."""
+FULL_GRID_TOKENS = sum(FULL_LENGTHS) * len(FULL_STRENGTHS) * FULL_SAMPLES
 
 TIMING_FILE = "bench_timing.json"
 SUMMARY_MARGIN_S = 15
@@ -175,12 +176,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def report(total: dict, *, rows: int, grid_rows: int, grid_tokens: int, full_grid: bool, extra: dict) -> dict:
-    """The JSON object of the whole grid so far (every call summed). While the grid is unfinished,
-    ``grid_s_estimate`` extrapolates the wall time to the whole grid by prompt tokens: the wall so
-    far times ``grid_tokens`` (the grid's nominal prompt tokens, sum of length x strengths x
-    samples) over the prompt tokens done. Prefill dominates and the long rows come last, so a
-    share of rows would underestimate it; rows done in untimed calls leave it ``None``."""
+def report(total: dict, *, rows: int, grid_rows: int, full_grid: bool, full_grid_tokens: int | None,
+           extra: dict) -> dict:
+    """The JSON object of the whole grid so far (every call summed). Until the full Table-4 grid
+    is measured, ``full_grid_s_estimate`` extrapolates the wall time to it by prompt tokens: the
+    wall so far times ``full_grid_tokens`` (its nominal prompt tokens, the sum of length x
+    strengths x samples; ``None`` for a model other than the 340M one) over the prompt tokens
+    done. That scales an unfinished run and a run on fewer samples alike; prefill dominates and
+    the long rows come last, so a share of rows would underestimate it. Rows done in untimed
+    calls leave it ``None``."""
     wall, untimed = total["wall_s"], total["untimed_rows"]
     pre = total["prefill_by_length"]
     dec = total["decode_by_batch"]
@@ -203,8 +207,9 @@ def report(total: dict, *, rows: int, grid_rows: int, grid_tokens: int, full_gri
         "model_build_s": round(total["model_build_s"], 2),
         "time_s": {k: round(v, 2) for k, v in total["time_s"].items()},
         "share": {k: round(v / wall, 4) for k, v in total["time_s"].items()} if wall else None,
-        "grid_s_estimate": (round(wall * grid_tokens / total["prompt_tokens"], 1)
-                            if total["prompt_tokens"] and rows < grid_rows and not untimed else None),
+        "full_grid_s_estimate": (round(wall * full_grid_tokens / total["prompt_tokens"], 1)
+                                 if full_grid_tokens and total["prompt_tokens"] and not full_grid and not untimed
+                                 else None),
     }
 
 
@@ -293,7 +298,6 @@ def main(argv=None) -> int:
         return 0
     rows = len(load_results(out)) if Path(out, "results.jsonl").exists() else 0
     grid_rows = len(lengths) * len(strengths) * args.samples
-    grid_tokens = sum(lengths) * len(strengths) * args.samples
     full_grid = (not args.tiny and result.missing == 0 and lengths == FULL_LENGTHS and args.samples == FULL_SAMPLES
                  and sorted(strengths) == FULL_STRENGTHS and args.task == "s-niah-1")
     peak = round(torch.cuda.max_memory_allocated(device) / 2 ** 30, 2) if device.type == "cuda" else None
@@ -318,7 +322,8 @@ def main(argv=None) -> int:
                  "batch_tokens": args.batch_tokens, "batch_size": args.batch_size, "decode": args.decode},
         "peak_gpu_mem_gib": peak,
     }
-    res = report(total, rows=rows, grid_rows=grid_rows, grid_tokens=grid_tokens, full_grid=full_grid, extra=extra)
+    res = report(total, rows=rows, grid_rows=grid_rows, full_grid=full_grid,
+                 full_grid_tokens=None if args.tiny else FULL_GRID_TOKENS, extra=extra)
     json.dump(res, sys.stdout, indent=2)
     print()
     target = args.json or (os.path.join(os.environ["OUT"], "sweep.json") if os.environ.get("OUT") else None)

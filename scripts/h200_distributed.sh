@@ -13,7 +13,7 @@
 # Wheels: `bash scripts/device_wheels.sh` here first (.whl/, with qedprobe's own wheel).
 # Environment: PARTS (default "sweep train eig tests"), NGPU (default: every GPU),
 # TOTAL_SECONDS (default 540: every run is cut at that deadline), SWEEP_SAMPLES (default 20 of
-# the grid's 500; bench/sweep.py's full_grid_s_linear_estimate scales a run to 500),
+# the grid's 500; bench/sweep.py's full_grid_s_estimate scales a run to the full grid by prompt tokens),
 # TRAIN_STEPS (default 20; tokens/s leaves out the first 5), TRAIN_ROWS (global rows of 2048
 # tokens per step, default 16, a multiple of NGPU).
 # Everything runs from /tmp so that the installed package (with qedprobe.kernels) is imported.
@@ -40,7 +40,7 @@ if [[ " $PARTS " == *" sweep "* ]]; then
             --samples "${SWEEP_SAMPLES:-20}" --no-progress --out "/tmp/sweep_$n" > "$OUT/sweep_$n.json" \
             || { echo "sweep on $n GPU(s) failed or timed out"; status=1; }
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], 'GPU(s):', \
-{k: r[k] for k in ('ranks', 'rows', 'wall_s', 'prompt_tokens_per_s', 'full_grid_s_linear_estimate')})" \
+{k: r[k] for k in ('ranks', 'rows', 'wall_s', 'prompt_tokens_per_s', 'full_grid_s_estimate')})" \
             "$OUT/sweep_$n.json" "$n" || status=1
     done
     compare rows /tmp/sweep_1 "/tmp/sweep_$NGPU"

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from results_tables import eig_row
+from qedprobe.eval.plots import format_length
 from qedprobe.model import QEDModel
 
 QED_ARMS = ("full", "noproj", "full-lm1.0")
@@ -58,16 +59,12 @@ def accuracy_by(rows: list[dict], s: float) -> dict[int, tuple[int, int]]:
     return {length: (c, n) for length, (c, n) in sorted(out.items())}
 
 
-def kilo(length: int) -> str:
-    return f"{length // 1024}K"
-
-
 def accuracy_tables(ev: Path, names: list[str], cells: list[str]) -> None:
     for cell in cells:
         acc = {n: accuracy_by(read_rows(ev / n / cell), 1.0) for n in names}
         lengths = sorted({length for a in acc.values() for length in a})
         print(f"\n**{cell}**, accuracy % at s = 1 (100 prompts per cell)\n")
-        print("| checkpoint | " + " | ".join(kilo(x) for x in lengths) + " |")
+        print("| checkpoint | " + " | ".join(format_length(x) for x in lengths) + " |")
         print("|---|" + "---|" * len(lengths))
         for n in names:
             cells_ = [f"{100 * acc[n][x][0] / acc[n][x][1]:.0f}" if x in acc[n] else "" for x in lengths]
@@ -78,9 +75,9 @@ def mcnemar_tables(reports: Path, seeds: list[int], cells: list[str]) -> None:
     for cell in cells:
         tests = {s: json.loads((reports / f"seed{s}-{cell}" / "report.json").read_text())["paired_tests"]
                  for s in seeds}
-        lengths = sorted({int(x) for t in tests.values() for arm in t.values() for x in arm}, key=int)
+        lengths = sorted({int(x) for t in tests.values() for arm in t.values() for x in arm})
         print(f"\n**{cell}**: QED arm against GDN-2 of the same seed, b/c (p)\n")
-        print("| arm | seed | " + " | ".join(kilo(x) for x in lengths) + " |")
+        print("| arm | seed | " + " | ".join(format_length(x) for x in lengths) + " |")
         print("|---|---|" + "---|" * len(lengths))
         for arm in QED_ARMS:
             for s in seeds:

@@ -78,16 +78,20 @@ def test_sweep_benchmark_resumes_and_sums_its_calls(tmp_path, capsys):
     assert (third["rows"], third["calls"], third["untimed_rows"], third["target_met"]) == (4, 1, 4, None)
 
 
-def test_unfinished_grid_estimate_scales_the_wall_by_prompt_tokens():
-    """A third of the grid's nominal prompt tokens done in 10 s: the whole grid is estimated at
-    30 s whatever the share of rows (here a half, which would say 20 s); none once it is complete
-    or when rows were done in untimed calls."""
+def test_full_grid_estimate_scales_the_wall_by_prompt_tokens():
+    """A third of the full grid's nominal prompt tokens done in 10 s: the full grid is estimated at
+    30 s whatever the share of rows (here a half, which would say 20 s); none once the full grid
+    is measured, for another model, or when rows were done in untimed calls."""
     total = {"wall_s": 10.0, "untimed_rows": 0, "calls": 1, "prompt_tokens": 1000, "new_tokens": 10,
              "prefill_by_length": {}, "decode_by_batch": {}, "model_build_s": 1.0, "time_s": {"prefill": 10.0}}
-    kw = {"grid_rows": 4, "grid_tokens": 3000, "full_grid": False, "extra": {}}
-    assert sweep_bench.report(total, rows=2, **kw)["grid_s_estimate"] == 30.0
-    assert sweep_bench.report(total, rows=4, **kw)["grid_s_estimate"] is None
-    assert sweep_bench.report({**total, "untimed_rows": 1}, rows=2, **kw)["grid_s_estimate"] is None
+
+    def estimate(timing=total, full_grid=False, full_grid_tokens=3000):
+        return sweep_bench.report(timing, rows=2, grid_rows=4, full_grid=full_grid,
+                                  full_grid_tokens=full_grid_tokens, extra={})["full_grid_s_estimate"]
+    assert estimate() == 30.0
+    assert estimate(full_grid=True) is None and estimate(full_grid_tokens=None) is None
+    assert estimate({**total, "untimed_rows": 1}) is None
+    assert sweep_bench.FULL_GRID_TOKENS == 63 * 1024 * 6 * 500
 
 
 @pytest.mark.parametrize("probes", [False, True])

@@ -148,7 +148,7 @@ def register(subparsers) -> None:
     g.add_argument("--lr", type=float, help="peak learning rate (theta gets --theta-lr-mult times it)")
     g.add_argument("--theta-lr-mult", type=float,
                    help="theta's learning rate as a multiple of --lr (default 10, the paper's; "
-                        "0 holds lambda at its start, lambda_max * sigmoid(-2))")
+                        "0 holds lambda at its initial value)")
     g.add_argument("--warmup", type=int, help="warmup steps")
     g.add_argument("--decay", type=int, help="decay steps at the end")
     g.add_argument("--min-lr-ratio", type=float)

@@ -92,8 +92,8 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
                 raise ValueError(f"TrainConfig: `{name}` must be an int >= 0, got {value!r}")
         for name in ("lr", "theta_lr_mult", "eps", "clip", "key_weight"):
             value = getattr(self, name)
-            low_ok = value >= 0 if name == "theta_lr_mult" else value > 0  # 0: lambda stays at its start
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low_ok and value < math.inf):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    (value >= 0 if name == "theta_lr_mult" else value > 0) and value < math.inf):  # 0: theta frozen
                 what = "a finite number >= 0" if name == "theta_lr_mult" else "a positive finite number"
                 raise ValueError(f"TrainConfig: `{name}` must be {what}, got {value!r}")
         if not 0 <= self.weight_decay < math.inf:
