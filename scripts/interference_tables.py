@@ -2,8 +2,8 @@
 
     python scripts/interference_tables.py EVAL REPORTS [--checkpoints checkpoints]
 
-EVAL is the folder `scripts/h200_interference_eval.sh` wrote (``<name>/<cell>/results.jsonl`` or
-``results.jsonl.gz``, ``<name>/eig/eig.json``); REPORTS holds one ``qedprobe report`` folder per
+EVAL is the folder `scripts/h200_interference_eval.sh` wrote (``<name>/<cell>/summary.json``,
+``<name>/eig/eig.json``); REPORTS holds one ``qedprobe report`` folder per
 seed and cell, ``seed<n>-<cell>/report.json``, with the sweeps labelled by arm and the baseline
 ``gdn2``. Prints:
 
@@ -18,9 +18,7 @@ seed and cell, ``seed<n>-<cell>/report.json``, with the sweeps labelled by arm a
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -39,35 +37,25 @@ def run_order(name: str) -> tuple[int, int]:
     return int(seed), ARM_ORDER.index(arm)
 
 
-def read_rows(cell: Path) -> list[dict]:
-    """The rows of one sweep folder, from ``results.jsonl`` or its gzip."""
-    plain, packed = cell / "results.jsonl", cell / "results.jsonl.gz"
-    if plain.is_file():
-        return [json.loads(line) for line in plain.open()]
-    if packed.is_file():
-        return [json.loads(line) for line in gzip.open(packed, "rt")]
-    raise SystemExit(f"no results.jsonl(.gz) in {cell}")
+def summary(cell: Path) -> dict[tuple[int, float], dict]:
+    """The sweep's own summary of one cell (``summary.json`` of ``qedprobe sweep``): its row per
+    ``(length, s)``, with ``correct``, ``n`` and the paired ``b``, ``c`` against s = 1."""
+    return {(r["length"], r["s"]): r for r in json.loads((cell / "summary.json").read_text())["rows"]}
 
 
-def accuracy_by(rows: list[dict], s: float) -> dict[int, tuple[int, int]]:
-    """``{length: (correct, n)}`` at strength ``s``."""
-    out: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for r in rows:
-        if r["s"] == s:
-            out[r["length"]][0] += bool(r["correct"])
-            out[r["length"]][1] += 1
-    return {length: (c, n) for length, (c, n) in sorted(out.items())}
+def percent(row: dict) -> str:
+    return f"{100 * row['correct'] / row['n']:.0f}"
 
 
 def accuracy_tables(ev: Path, names: list[str], cells: list[str]) -> None:
     for cell in cells:
-        acc = {n: accuracy_by(read_rows(ev / n / cell), 1.0) for n in names}
+        acc = {n: {length: row for (length, s), row in summary(ev / n / cell).items() if s == 1.0} for n in names}
         lengths = sorted({length for a in acc.values() for length in a})
         print(f"\n**{cell}**, accuracy % at s = 1 (100 prompts per cell)\n")
         print("| checkpoint | " + " | ".join(format_length(x) for x in lengths) + " |")
         print("|---|" + "---|" * len(lengths))
         for n in names:
-            cells_ = [f"{100 * acc[n][x][0] / acc[n][x][1]:.0f}" if x in acc[n] else "" for x in lengths]
+            cells_ = [percent(acc[n][x]) if x in acc[n] else "" for x in lengths]
             print(f"| {n} | " + " | ".join(cells_) + " |")
 
 
@@ -93,15 +81,10 @@ def strength_table(ev: Path, names: list[str], cell: str) -> None:
     print("| checkpoint | " + " | ".join(f"s={s:g}" for s in strengths) + " | b/c at s=-1 | b/c at s=0 | b/c at s=2 |")
     print("|---|" + "---|" * (len(strengths) + 3))
     for n in names:
-        rows = read_rows(ev / n / cell)
-        accs = {s: accuracy_by(rows, s) for s in strengths}
-        shown = [" / ".join(f"{100 * accs[s][x][0] / accs[s][x][1]:.0f}" for x in (2048, 8192, 32768))
-                 for s in strengths]
-        ref = {(r["length"], r["sample_id"]): bool(r["correct"]) for r in rows if r["s"] == 1.0}
-        disc = []
-        for s in (-1.0, 0.0, 2.0):
-            pairs = [(bool(r["correct"]), ref[(r["length"], r["sample_id"])]) for r in rows if r["s"] == s]
-            disc.append(f"{sum(a and not b for a, b in pairs)}/{sum(b and not a for a, b in pairs)}")
+        rows = summary(ev / n / cell)
+        shown = [" / ".join(percent(rows[(x, s)]) for x in (2048, 8192, 32768)) for s in strengths]
+        disc = [f"{sum(r['b'] for (_, rs), r in rows.items() if rs == s)}/"
+                f"{sum(r['c'] for (_, rs), r in rows.items() if rs == s)}" for s in (-1.0, 0.0, 2.0)]
         print(f"| {n} | " + " | ".join(shown) + " | " + " | ".join(disc) + " |")
 
 
