@@ -90,11 +90,13 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig: `{name}` must be an int >= 0, got {value!r}")
-        for name in ("lr", "theta_lr_mult", "eps", "clip", "key_weight"):
+        # theta_lr_mult may be 0: theta frozen, lambda held at its initial value
+        for name, zero_ok in (("lr", False), ("theta_lr_mult", True), ("eps", False), ("clip", False),
+                              ("key_weight", False)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    (value >= 0 if name == "theta_lr_mult" else value > 0) and value < math.inf):  # 0: theta frozen
-                what = "a finite number >= 0" if name == "theta_lr_mult" else "a positive finite number"
+                    (0 <= value if zero_ok else 0 < value) and value < math.inf):
+                what = "a finite number >= 0" if zero_ok else "a positive finite number"
                 raise ValueError(f"TrainConfig: `{name}` must be {what}, got {value!r}")
         if not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"TrainConfig: `weight_decay` must be >= 0, got {self.weight_decay!r}")
