@@ -277,12 +277,15 @@ def test_resume_with_another_config_is_refused(tmp_path):
 def test_theta_lr_mult_zero_holds_lambda_at_its_start(tmp_path):
     """``theta_lr_mult=0``: every other weight trains, theta (so lambda) stays bit for bit; the
     default rate moves it on the same run."""
-    start = [m.attn.theta.detach().clone() for m in trainer.build_model(tiny(arm="full"), 259).blocks]
+    initial = trainer.build_model(tiny(arm="full"), 259)
+    start = [m.attn.theta.detach().clone() for m in initial.blocks]
     for mult, moved in ((0.0, False), (10.0, True)):
         train(tiny(arm="full", steps=2, decay_steps=1, theta_lr_mult=mult), tmp_path / str(mult))
         model = QEDModel.from_pretrained(tmp_path / str(mult) / "final", dtype=torch.float32)
         thetas = [m.attn.theta.detach() for m in model.blocks]
         assert any(not torch.equal(t, s.to(t.dtype)) for t, s in zip(thetas, start)) == moved, (mult, thetas)
+        bf16_start = initial.embeddings.weight.detach().to(torch.bfloat16).float()
+        assert not torch.equal(model.embeddings.weight.detach(), bf16_start)  # the other weights train
 
 
 @pytest.mark.parametrize("kw, name", [(dict(seq_len=0), "seq_len"), (dict(loss="x"), "loss"),
