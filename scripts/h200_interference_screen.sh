@@ -10,8 +10,8 @@
 #   run(command="PHASE=pack FIRST=7 bash scripts/h200_interference_screen.sh", carry=[".whl"])
 # start: the kernels' GPU tests first (TESTS: parts of scripts/h200_kernels.sh, default "tests",
 #   TEST_SECONDS default 180; "" for none; parts other than "tests" run beside the training), so
-#   that a kernel fault cannot touch the training; then, when they hit no fault and MPS=1
-#   (default), the CUDA MPS daemon so
+#   that a kernel fault cannot touch the training; then, when MPS=1 (default) and the tests (if
+#   run) hit no fault, the CUDA MPS daemon so
 #   that the twelve small processes run their kernels side by side instead of in turns; then the
 #   four variants (VARIANTS) detached, each through scripts/h200_interference_train.sh;
 # wait: until every variant says "training done" (at most WAIT_SECONDS, default 560);
@@ -50,10 +50,12 @@ case ${PHASE:?PHASE must be start, wait, eval or pack} in
 start)
     TOK=$(cd "${TOK:-runs/tok-interference}" && pwd) || { echo "no tokenizer folder ${TOK:-runs/tok-interference}"; exit 1; }
     TESTS=${TESTS-tests}
+    faulted=0
     if [[ " $TESTS " == *" tests "* ]]; then
         PARTS=tests TEST_SECONDS=${TEST_SECONDS:-180} bash scripts/h200_kernels.sh
-        if [[ ${MPS:-1} == 1 ]] && ! grep -q "illegal memory access\|FAILED" "$OUT/gpu_tests.log"; then start_mps; fi
+        grep -q "illegal memory access\|FAILED" "$OUT/gpu_tests.log" && faulted=1
     fi
+    [[ ${MPS:-1} == 1 && $faulted == 0 ]] && start_mps
     T0=$(date +%s)
     for v in "${VARIANT_LIST[@]}"; do
         IFS='|' read -r prefix mixture batch more <<< "$v"
