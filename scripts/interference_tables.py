@@ -39,8 +39,12 @@ def run_order(name: str) -> tuple[int, int]:
 
 def summary(cell: Path) -> dict[tuple[int, float], dict]:
     """The sweep's own summary of one cell (``summary.json`` of ``qedprobe sweep``): its row per
-    ``(length, s)``, with ``correct``, ``n`` and the paired ``b``, ``c`` against s = 1."""
-    return {(r["length"], r["s"]): r for r in json.loads((cell / "summary.json").read_text())["rows"]}
+    ``(length, s)``, with ``correct``, ``n`` and the paired ``b``, ``c`` against s = 1; empty for a
+    sweep that has not finished (no summary yet), whose cells the tables show as ``pending``."""
+    path = cell / "summary.json"
+    if not path.is_file():
+        return {}
+    return {(r["length"], r["s"]): r for r in json.loads(path.read_text())["rows"]}
 
 
 def percent(row: dict) -> str:
@@ -55,22 +59,23 @@ def accuracy_tables(ev: Path, names: list[str], cells: list[str]) -> None:
         print("| checkpoint | " + " | ".join(format_length(x) for x in lengths) + " |")
         print("|---|" + "---|" * len(lengths))
         for n in names:
-            cells_ = [percent(acc[n][x]) if x in acc[n] else "" for x in lengths]
+            cells_ = [percent(acc[n][x]) if x in acc[n] else "pending" for x in lengths]
             print(f"| {n} | " + " | ".join(cells_) + " |")
 
 
 def mcnemar_tables(reports: Path, seeds: list[int], cells: list[str]) -> None:
     for cell in cells:
         tests = {s: json.loads((reports / f"seed{s}-{cell}" / "report.json").read_text())["paired_tests"]
-                 for s in seeds}
+                 if (reports / f"seed{s}-{cell}").is_dir() else {} for s in seeds}
         lengths = sorted({int(x) for t in tests.values() for arm in t.values() for x in arm})
         print(f"\n**{cell}**: QED arm against GDN-2 of the same seed, b/c (p)\n")
         print("| arm | seed | " + " | ".join(format_length(x) for x in lengths) + " |")
         print("|---|---|" + "---|" * len(lengths))
         for arm in QED_ARMS:
             for s in seeds:
-                t = tests[s][arm]
-                row = [f"{t[str(x)]['b']}/{t[str(x)]['c']} ({t[str(x)]['p']:.2g})" for x in lengths]
+                t = tests[s].get(arm, {})
+                row = [f"{t[str(x)]['b']}/{t[str(x)]['c']} ({t[str(x)]['p']:.2g})" if str(x) in t else "pending"
+                       for x in lengths]
                 print(f"| {arm} | {s} | " + " | ".join(row) + " |")
 
 
@@ -82,6 +87,9 @@ def strength_table(ev: Path, names: list[str], cell: str) -> None:
     print("|---|" + "---|" * (len(strengths) + 3))
     for n in names:
         rows = summary(ev / n / cell)
+        if not rows:
+            print(f"| {n} | " + " | ".join(["pending"] * (len(strengths) + 3)) + " |")
+            continue
         shown = [" / ".join(percent(rows[(x, s)]) for x in (2048, 8192, 32768)) for s in strengths]
         disc = [f"{sum(r['b'] for (_, rs), r in rows.items() if rs == s)}/"
                 f"{sum(r['c'] for (_, rs), r in rows.items() if rs == s)}" for s in (-1.0, 0.0, 2.0)]
