@@ -11,7 +11,8 @@
 #   it), then runs the kernels' GPU tests beside it (TEST_SECONDS, default 240);
 # wait: waits for the training's end (at most WAIT_SECONDS, default 560) and prints each run's
 #   last line;
-# eval: scripts/h200_interference_eval.sh for at most EVAL_SECONDS (default 420; every sweep
+# eval: scripts/h200_interference_eval.sh, PER_GPU sweeps side by side (default 6: twelve ran
+#   the H200 out of memory at 32K), for at most EVAL_SECONDS (default 420; every sweep
 #   resumes, so a cut run loses nothing done), then $OUT/eval.tgz (sweep rows and summaries, eig
 #   statistics, training logs) and as many checkpoints as fit in what a call brings back;
 # pack: the checkpoints from the FIRST-th on (scripts/pack_for_return.sh).
@@ -34,7 +35,7 @@ wait)
     while ! grep -q "training done\|no training" /tmp/train.out && (( $(date +%s) - T0 < ${WAIT_SECONDS:-560} )); do sleep 10; done
     cp /tmp/train.out "$OUT/"; tail -16 /tmp/train.out; runs_status ;;
 eval)
-    PER_GPU=${PER_GPU:-12} timeout "${EVAL_SECONDS:-420}" bash scripts/h200_interference_eval.sh
+    PER_GPU=${PER_GPU:-6} timeout "${EVAL_SECONDS:-420}" bash scripts/h200_interference_eval.sh
     pack_runs_and_eval "$OUT/eval.tgz" /tmp/train.out
     bash scripts/pack_for_return.sh "$CKPT" 0 ;;
 pack)
