@@ -63,10 +63,16 @@ def accuracy_tables(ev: Path, names: list[str], cells: list[str]) -> None:
             print(f"| {n} | " + " | ".join(cells_) + " |")
 
 
+def paired_tests(report: Path) -> dict:
+    """The paired tests of one ``qedprobe report`` folder by arm and length; empty where no report
+    was made (a seed whose GDN-2 sweep has not finished), whose cells show as ``pending``."""
+    path = report / "report.json"
+    return json.loads(path.read_text())["paired_tests"] if path.is_file() else {}
+
+
 def mcnemar_tables(reports: Path, seeds: list[int], cells: list[str]) -> None:
     for cell in cells:
-        tests = {s: json.loads((reports / f"seed{s}-{cell}" / "report.json").read_text())["paired_tests"]
-                 if (reports / f"seed{s}-{cell}").is_dir() else {} for s in seeds}
+        tests = {s: paired_tests(reports / f"seed{s}-{cell}") for s in seeds}
         lengths = sorted({int(x) for t in tests.values() for arm in t.values() for x in arm})
         print(f"\n**{cell}**: QED arm against GDN-2 of the same seed, b/c (p)\n")
         print("| arm | seed | " + " | ".join(format_length(x) for x in lengths) + " |")
