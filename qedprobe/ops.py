@@ -12,7 +12,8 @@ All ops share one signature::
 * ``qed_recurrent``: token-by-token Triton kernel (decode; forward only).  [kernels/qed/fused_recurrent.py]
 * ``qed_attention(..., mode="auto")``: Triton on CUDA tensors (recurrent for T == 1, chunk
   otherwise); on CPU tensors the token loop for T == 1 (a decode step) and ``qed_chunk_torch``
-  otherwise.
+  otherwise. ``inplace_final_state=True`` (the recurrent op only) writes the final state over
+  ``initial_state``.
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ __all__ = ["ARMS", "LAMBDA_BOUND", "MODES", "PROJECTED_ARMS", "qed_attention", "
            "qed_recurrent", "value_checks"]
 
 
-def qed_attention(q, k, v, g, b, w, lam, *, mode="auto", **kwargs):
+def qed_attention(q, k, v, g, b, w, lam, *, mode="auto", inplace_final_state=False, **kwargs):
     """Run the QED recurrence with the best op for the tensors' device (see module docstring).
 
     ``mode``: ``"auto"`` (default), or force ``"naive"``, ``"torch"``, ``"chunk"`` or ``"recurrent"``.
-    Keyword arguments are those of ``qed_naive``.
+    Keyword arguments are those of ``qed_naive``; ``inplace_final_state`` is passed to
+    ``qed_recurrent``, the one op that has it (a ValueError names the mode where another op runs).
     """
     if mode not in MODES:
         raise ValueError(f"qed_attention: `mode` must be one of {MODES}, got {mode!r}")
@@ -40,4 +42,9 @@ def qed_attention(q, k, v, g, b, w, lam, *, mode="auto", **kwargs):
             mode = "recurrent" if one_step else "chunk"
         else:
             mode = "naive" if one_step else "torch"
+    if inplace_final_state:
+        if mode != "recurrent":
+            raise ValueError(f"qed_attention: `inplace_final_state=True` needs the recurrent op (CUDA tensors, "
+                             f"one token per sequence, mode 'auto' or 'recurrent'); this call runs {mode!r}")
+        kwargs["inplace_final_state"] = True
     return OPS[mode](q, k, v, g, b, w, lam, **kwargs)

@@ -65,3 +65,11 @@ def test_dispatcher_uses_the_chunked_path_on_cpu_and_refuses_unknown_modes():
     torch.testing.assert_close(qed_attention(*op_args(x))[0], qed_chunk_torch(*op_args(x))[0], rtol=0, atol=0)
     with pytest.raises(ValueError, match="`mode`"):
         qed_attention(*op_args(x), mode="fast")
+
+
+def test_dispatcher_refuses_an_in_place_state_where_the_recurrent_op_does_not_run():
+    # CPU, one token: the token loop runs, which has no in-place update; the error names the mode.
+    x = make_inputs(B=1, T=1, H=2, K=8, V=8, seed=3)
+    h0 = torch.zeros(1, 2, 8, 8, dtype=F64)
+    with pytest.raises(ValueError, match="needs the recurrent op.*'naive'"):
+        qed_attention(*op_args(x), initial_state=h0, output_final_state=True, inplace_final_state=True)

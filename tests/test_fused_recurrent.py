@@ -95,6 +95,36 @@ def test_two_halves_with_state_equal_one_run():
     torch.testing.assert_close(torch.cat([p1["Sd"], p2["Sd"]], 1), p["Sd"], **TIGHT)
 
 
+def test_in_place_decode_steps_write_over_the_state_and_equal_one_run():
+    # Grouped value heads (HV = 2 H), several value blocks per head, probes on: every program
+    # reads its block of the state before writing it, so the in-place update is exact.
+    x = grouped_inputs(B=2, T=5, H=1, HV=2, K=16, V=40, seed=12, device=DEVICE)
+    h0 = random_state(2, 2, 16, 40, seed=13)
+    o, s, p = qed_recurrent(*x.values(), initial_state=h0, output_final_state=True, return_probes=True)
+    state, outs, sds = h0.clone(), [], []
+    for t in range(5):
+        step = [v[:, t:t + 1] if v.dim() >= 3 else v for v in x.values()]
+        o_t, s_t, p_t = qed_recurrent(*step, initial_state=state, output_final_state=True, return_probes=True,
+                                      inplace_final_state=True)
+        assert s_t is state
+        outs.append(o_t), sds.append(p_t["Sd"])
+    torch.testing.assert_close(torch.cat(outs, 1), o, **TIGHT)
+    torch.testing.assert_close(torch.cat(sds, 1), p["Sd"], **TIGHT)
+    torch.testing.assert_close(state, s, **TIGHT)
+
+
+def test_in_place_state_requests_that_cannot_update_are_refused():
+    x = recurrent_inputs(T=1, seed=14)
+    h0 = random_state(2, 2, 24, 24, seed=15)
+    with pytest.raises(ValueError, match="needs `output_final_state=True`"):
+        qed_recurrent(*x.values(), initial_state=h0, inplace_final_state=True)
+    with pytest.raises(ValueError, match="needs an `initial_state`"):
+        qed_recurrent(*x.values(), output_final_state=True, inplace_final_state=True)
+    strided = h0.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with pytest.raises(ValueError, match="contiguous `initial_state`"):
+        qed_recurrent(*x.values(), initial_state=strided, output_final_state=True, inplace_final_state=True)
+
+
 def test_decode_steps_equal_one_run():
     x = recurrent_inputs(T=6, K=16, V=16, seed=10)
     x["lam"] = torch.rand(2, 6, 2, dtype=F64, generator=torch.Generator().manual_seed(11)).to(DEVICE)

@@ -196,12 +196,15 @@ def checked_block_config(block_config, V: int) -> tuple[int, int]:
 
 def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, output_final_state: bool,
                   return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem,
-                  block_config: tuple[int, int]) -> tuple:
-    """Launch :func:`qed_recurrent_kernel` on contiguous inputs: ``(o, final_state, probes)``."""
+                  block_config: tuple[int, int], inplace_final_state: bool = False) -> tuple:
+    """Launch :func:`qed_recurrent_kernel` on contiguous inputs: ``(o, final_state, probes)``;
+    with ``inplace_final_state`` the final state is written over ``initial_state``."""
     P = problem
     B, T, HV, K, V, ct = P.B, P.T, P.HV, P.K, P.V, P.compute_dtype
     o = torch.empty_like(v)
-    final_state = q.new_empty(P.N, HV, K, V, dtype=ct) if output_final_state else None
+    final_state = None
+    if output_final_state:
+        final_state = initial_state if inplace_final_state else q.new_empty(P.N, HV, K, V, dtype=ct)
     probes = None
     if return_probes:
         probes = {"rho": q.new_empty(B, T, HV, dtype=ct), "d": q.new_empty(B, T, HV, K, dtype=ct),
@@ -222,7 +225,7 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
 @on_input_device
 def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
                   output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None,
-                  block_config=None):
+                  block_config=None, inplace_final_state=False):
     """Token-by-token QED forward in one Triton launch (forward only, no gradients).
 
     Arguments, returns, dtypes and probes exactly as :func:`qedprobe.kernels.qed.naive.qed_naive`
@@ -231,7 +234,16 @@ def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=No
     program's value-slice width and its warps; the results are the same up to the rounding
     order of its reductions); None is
     :func:`default_block_config`. It is a tuning knob for benchmarks (``bench/recurrent_decode.py``).
+
+    ``inplace_final_state=True`` (with ``output_final_state=True`` and a contiguous
+    ``initial_state``) writes the final state over ``initial_state`` and returns that tensor: a
+    decode loop that owns its state buffers then moves ``N * HV * K * V`` state elements once per
+    step instead of three times (read, write a new tensor, copy it back). It is exact: each program
+    reads its ``[K, BV]`` block of the state before the first token and writes the same block
+    after the last, and no other program touches it.
     """
+    if inplace_final_state:
+        _check_inplace_state("qed_recurrent", initial_state, output_final_state)
     P = check_qed_inputs("qed_recurrent", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
     if P.K > MAX_HEAD_DIM or P.V > MAX_HEAD_DIM:
@@ -241,4 +253,17 @@ def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=No
     contiguous = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return recurrent_fwd(*(x.contiguous() for x in (q, k, v, g, b, w, lam)), contiguous(z), contiguous(d),
                          P.scale, contiguous(initial_state), output_final_state, return_probes, use_qk_l2norm,
-                         None if cu_seqlens is None else cu_seqlens.to(q.device), arm, P, launch)
+                         None if cu_seqlens is None else cu_seqlens.to(q.device), arm, P, launch,
+                         inplace_final_state)
+
+
+def _check_inplace_state(op: str, initial_state, output_final_state: bool) -> None:
+    """Refuse, by name, an ``inplace_final_state`` request that could not update ``initial_state``
+    in place (no state, no final state asked, or a non-contiguous state that would be copied)."""
+    if not output_final_state:
+        raise ValueError(f"{op}: `inplace_final_state=True` needs `output_final_state=True`")
+    if initial_state is None:
+        raise ValueError(f"{op}: `inplace_final_state=True` needs an `initial_state` to write over, got None")
+    if not initial_state.is_contiguous():
+        raise ValueError(f"{op}: `inplace_final_state=True` needs a contiguous `initial_state` "
+                         f"(a copy would receive the update), got strides {tuple(initial_state.stride())}")

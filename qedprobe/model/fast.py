@@ -264,7 +264,7 @@ def _mark_dynamic(axes: tuple, *tensors) -> None:
 
 
 # --------------------------------------------------------------------------------- driver
-def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, want_state):
+def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, want_state, state_in_place):
     """One block on the fast path: ``(x_out, MixerState or None)``."""
     mixer, cfg = block.attn, block.attn.cfg
     w_in, w_gu = stacked_weights(block)
@@ -284,7 +284,7 @@ def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, wan
     o, recurrent, _ = qed_attention(
         q, k, v, g, b, w, mixer.lam(lam_scale), mode=cfg.op_mode, arm=cfg.arm, z=mixer.z,
         initial_state=None if state is None else state.recurrent, output_final_state=want_state,
-        use_qk_l2norm=True, cu_seqlens=cu_seqlens)
+        use_qk_l2norm=True, cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
     _mark_dynamic(axes, o, g_low)
     out = _compiled(block_outputs, fp.backend)(
         x, o, g_low, mixer.g_proj[1].weight, mixer.g_proj[1].bias, mixer.o_norm.weight, mixer.o_norm.eps,
@@ -293,12 +293,12 @@ def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, wan
 
 
 def fast_block_runner(fp: FastPath, cu_seqlens, T: int, width: int):
-    """A callable ``(block, x, *, lam_scale, state, cu_seqlens, want_state) -> (x_out, state)``,
+    """A callable ``(block, x, *, lam_scale, state, cu_seqlens, want_state, state_in_place) -> (x_out, state)``,
     the signature of a plain ``QEDBlock`` call, that runs the block on the fast path (``fp`` from
     :func:`active_fast_path`) for a pass over ``T`` tokens; the packed layout (convolution
     width ``width``) is built here once, for every block."""
     layout = None if cu_seqlens is None else TokenLayout.packed(cu_seqlens, T, width)
 
-    def run(block, x, *, lam_scale, state, cu_seqlens, want_state):
-        return _run_block(fp, block, x, lam_scale, state, cu_seqlens, layout, want_state)
+    def run(block, x, *, lam_scale, state, cu_seqlens, want_state, state_in_place):
+        return _run_block(fp, block, x, lam_scale, state, cu_seqlens, layout, want_state, state_in_place)
     return run

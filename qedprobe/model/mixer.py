@@ -135,11 +135,13 @@ class QEDMixer(nn.Module):
 
     def forward(self, x: torch.Tensor, *, lam_scale: torch.Tensor | None = None,
                 state: MixerState | None = None, cu_seqlens: torch.Tensor | None = None,
-                want_state: bool = False):
+                want_state: bool = False, state_in_place: bool = False):
         """``x`` ``[B, T, hidden]`` -> ``(out [B, T, hidden], MixerState or None)``.
 
         ``lam_scale`` ``[H]`` multiplies lambda; ``state`` continues N sequences (N = B, or
-        ``len(cu_seqlens) - 1`` for packed input with B = 1).
+        ``len(cu_seqlens) - 1`` for packed input with B = 1). ``state_in_place`` writes the new
+        recurrent state over ``state.recurrent`` (the recurrent op's ``inplace_final_state``:
+        CUDA, one token per sequence), for a decode loop that owns its state buffers.
         """
         cfg = self.cfg
         B, T, _ = x.shape
@@ -167,7 +169,7 @@ class QEDMixer(nn.Module):
             q, k, v, g, b, w, lam, mode=cfg.op_mode, arm=cfg.arm, z=self.z, d=d,
             initial_state=None if state is None else state.recurrent,
             output_final_state=want_state, return_probes=want_probes, use_qk_l2norm=True,
-            cu_seqlens=cu_seqlens)
+            cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
         if want_probes:
             for name, hook in probe_hooks.items():
                 observe(hook, probes[name])

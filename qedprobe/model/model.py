@@ -163,10 +163,13 @@ class QEDModel(HookedModel):
         return None if scales is None else scales.to(self.device)
 
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,
-                   scales: torch.Tensor | None, want_state: bool, logit_positions=None):
+                   scales: torch.Tensor | None, want_state: bool, logit_positions=None,
+                   state_in_place: bool = False):
         """:meth:`forward_with_state` on ids already checked, with the lambda factors ``scales``
         ``[L, H]`` (device) given: no host synchronisation, so it can be captured in a CUDA graph.
-        Inside a ``fast_path`` block the blocks run on the fast path where it applies (``fast.py``)."""
+        Inside a ``fast_path`` block the blocks run on the fast path where it applies (``fast.py``).
+        ``state_in_place``: each layer's new recurrent state is written over ``states[l].recurrent``
+        (:meth:`QEDMixer.forward`)."""
         if states is not None and len(states) != self.cfg.num_hidden_layers:
             raise ValueError(f"QEDModel: `states` must hold one MixerState per layer "
                              f"({self.cfg.num_hidden_layers}), got {len(states)}")
@@ -178,7 +181,7 @@ class QEDModel(HookedModel):
         for l, block in enumerate(self.blocks):
             x, state = run_block(block, x, lam_scale=None if scales is None else scales[l],
                                  state=None if states is None else states[l],
-                                 cu_seqlens=cu_seqlens, want_state=want_state)
+                                 cu_seqlens=cu_seqlens, want_state=want_state, state_in_place=state_in_place)
             new_states.append(state)
         if logit_positions is not None:
             x = x[:, logit_positions]
