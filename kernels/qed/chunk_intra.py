@@ -27,6 +27,15 @@ k_{j,c}``: ``A_kk`` (``x = a``, strict), ``A_qk`` (``x = scale q``, inclusive) a
 overflow); the diagonal block uses the same product when its decay span (max over the block's
 rows and all K) is at most ``SPAN_MAX`` nats, otherwise exact per-element exponentials.
 
+Its two walks over the key slices, the span (``G`` at the block's first and last rows) and the
+products (per slice: ``G`` at the reference row; ``G`` and raw ``k`` of the key rows; ``G``, raw
+``q, k, b`` and the direction source of the block's rows), issue the next slice's loads before the
+current slice's work and hold them, in their stored dtypes, across the iteration; slice 0 of the
+products is issued before the span walk. Each program so has two slices of loads in flight, and
+their latency overlaps the work on the slice before. Past the last slice the prefetch is masked
+off (it reads nothing). Only the exact diagonal path, taken for spans over ``SPAN_MAX``, still
+reads its key rows one at a time.
+
 Grouped value heads: a program of value head ``i_hv`` reads query/key head ``i_hv // (HV // H)``
 (row stride ``H * K``); everything else is per value head (row stride ``HV * K``). The arm is the
 compile-time description of ``arms.direction_flags``.
@@ -56,14 +65,29 @@ arguments' sizes and dtypes, never on earlier calls; ptxas figures in docs/BENCH
 
 # ------------------------------------------------------------------- direction and erase vector
 @triton.jit
-def raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
-                   DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
-    """The arm's unnormalised, unprojected direction ``x`` on one ``[rows, cols]`` slice, from
-    ``q`` (already scaled by its norm factor, or raw), ``z`` (this value head's) or the given ``d``."""
+def direction_source(z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
+                     DIR_SOURCE: tl.constexpr):
+    """What the arm's direction reads on one ``[rows, cols]`` slice, in its stored dtype: ``z``
+    (this value head's, ``[cols]``), the given ``d`` tile, or, for a direction from ``q`` or none,
+    a placeholder (nothing is read). Apart from :func:`direction_of` so that it can be prefetched."""
     if DIR_SOURCE == "z":
-        x = q * 0. + tl.load(z + cols, mask=m_c, other=0.).to(DT)[None, :]
+        src = tl.load(z + cols, mask=m_c, other=0.)
     elif DIR_SOURCE == "d":
-        x = load_tile(d_in, rows, m_r, cols, m_c, HV * K, DT)
+        src = load_tile(d_in, rows, m_r, cols, m_c, HV * K, d_in.dtype.element_ty)
+    else:
+        src = tl.zeros_like(cols)
+    return src
+
+
+@triton.jit
+def direction_of(q, b_b, src, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
+    """The arm's unnormalised, unprojected direction ``x`` on one slice, from ``q`` (already
+    scaled by its norm factor, or raw) or the loaded ``src`` (:func:`direction_source`), gated
+    by ``b`` for the gated arms."""
+    if DIR_SOURCE == "z":
+        x = q * 0. + src.to(DT)[None, :]
+    elif DIR_SOURCE == "d":
+        x = src.to(DT)
     elif DIR_SOURCE == "q":
         x = q
     else:
@@ -71,6 +95,15 @@ def raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl
     if DIR_GATED:
         x = b_b * x
     return x
+
+
+@triton.jit
+def raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
+                   DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
+    """:func:`direction_of` with its source loaded from ``z`` or ``d_in`` on the ``[rows, cols]``
+    slice."""
+    return direction_of(q, b_b, direction_source(z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE), DIR_SOURCE,
+                        DIR_GATED, DT)
 
 
 @triton.jit
@@ -111,16 +144,24 @@ def _scalars(qq, kk, kq, bkk, kx, lam_r, L2NORM: tl.constexpr, DIR_SOURCE: tl.co
 
 
 @triton.jit
-def erase_tiles(b_q, b_k, b_b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, HV: tl.constexpr,
-                K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
+def erase_from(b_q, b_k, b_b, src, rq, rk, c, lam_r, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+               DT: tl.constexpr):
     """Normalised ``q, k``, the direction ``d = x - c k`` and the erase vector ``a = b k + lam d``
-    on one ``[rows, cols]`` slice, from the raw ``q, k, b`` tiles of that slice (as ``DT``)."""
+    on one slice, from the raw ``q, k, b`` tiles of that slice (as ``DT``) and the loaded
+    direction source ``src`` (:func:`direction_source`)."""
     b_q = b_q * rq[:, None]
     b_k = b_k * rk[:, None]
-    b_d = raw_direction(b_q, b_b, z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE, DIR_GATED, DT) \
-        - c[:, None] * b_k
+    b_d = direction_of(b_q, b_b, src, DIR_SOURCE, DIR_GATED, DT) - c[:, None] * b_k
     b_a = b_b * b_k + lam_r[:, None] * b_d
     return b_q, b_k, b_a, b_d
+
+
+@triton.jit
+def erase_tiles(b_q, b_k, b_b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, HV: tl.constexpr,
+                K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr):
+    """:func:`erase_from` with the direction source loaded for the ``[rows, cols]`` slice."""
+    return erase_from(b_q, b_k, b_b, direction_source(z, d_in, rows, m_r, cols, m_c, HV, K, DIR_SOURCE), rq, rk, c,
+                      lam_r, DIR_SOURCE, DIR_GATED, DT)
 
 
 @triton.jit
@@ -318,6 +359,32 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
 
 # ----------------------------------------------------------------------------- scores kernel
 @triton.jit
+def _span_rows(gc, r_s, r_e, i_k, HV: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr):
+    """Key slice ``i_k`` of ``G`` at a row block's first and last rows ``r_s, r_e`` (``[BKS]``
+    each, stored dtype; past the last slice the loads are masked off and read nothing)."""
+    cols, m_c = channel_slice(i_k, BKS, K)
+    return (tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.),
+            tl.load(gc + r_e * (HV * K) + cols, mask=m_c, other=0.))
+
+
+@triton.jit
+def _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s, i_k, H: tl.constexpr, HV: tl.constexpr,
+                 K: tl.constexpr, BKS: tl.constexpr, DIR_SOURCE: tl.constexpr):
+    """Every load the scores kernel makes for key slice ``i_k``, in the stored dtypes (held across
+    a loop iteration as a prefetch, converted where used; past the last slice the loads are
+    masked off and read nothing): ``G`` at the reference row (``[BKS]``), ``G`` and the raw ``k``
+    of the key rows ``rows`` (``[BT, BKS]``, mask ``jm``), ``G`` and the raw ``q, k, b`` of the
+    block's rows ``r_i`` (``[BC, BKS]``) and the direction source of those rows."""
+    cols, m_c = channel_slice(i_k, BKS, K)
+    r_q, r_k, r_b = _slice_rows(q, k, b, r_i, m_i, i_k, H, HV, K, BKS)
+    return (tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.),
+            load_tile(gc, rows, jm, cols, m_c, HV * K, gc.dtype.element_ty),
+            load_tile(k, rows, jm, cols, m_c, H * K, k.dtype.element_ty),
+            load_tile(gc, r_i, m_i, cols, m_c, HV * K, gc.dtype.element_ty),
+            r_q, r_k, r_b, direction_source(z, d_in, r_i, m_i, cols, m_c, HV, K, DIR_SOURCE))
+
+
+@triton.jit
 def _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, off,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, PROBES: tl.constexpr, BC: tl.constexpr,
                 BT: tl.constexpr, DT: tl.constexpr):
@@ -380,23 +447,33 @@ def qed_scores_kernel(
     m_i = r_i < eos
     rq_i, rk_i, c_i, l_i = row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
     rk_f = tl.load(rk + rows * HV, mask=jm, other=0.).to(DT)
-    span = tl.zeros([BKS], dtype=DT)  # the block's decay span, max over all K (one reduction)
-    for i_k in range(tl.cdiv(K, BKS)):
-        cols, m_c = channel_slice(i_k, BKS, K)
-        span = tl.maximum(span, tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.).to(DT)
-                          - tl.load(gc + r_e * (HV * K) + cols, mask=m_c, other=0.).to(DT))
+    NK: tl.constexpr = (K + BKS - 1) // BKS
+    # slice 0's loads first: in flight during the span pass
+    p_gs, p_Gf, p_kf, p_Gi, p_q, p_k, p_b, p_x = _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s, 0,
+                                                              H, HV, K, BKS, DIR_SOURCE)
+    # the block's decay span, max over all K (one reduction); each iteration first issues the
+    # next slice's loads
+    span = tl.zeros([BKS], dtype=DT)
+    p_s, p_e = _span_rows(gc, r_s, r_e, 0, HV, K, BKS)
+    for i_k in range(NK):
+        n_s, n_e = _span_rows(gc, r_s, r_e, i_k + 1, HV, K, BKS)
+        span = tl.maximum(span, p_s.to(DT) - p_e.to(DT))
+        p_s, p_e = n_s, n_e
     exact = tl.max(span, 0) > SPAN
     accq = tl.zeros([BC, BT], dtype=DT)
     acck = tl.zeros([BC, BT], dtype=DT)
     accd = tl.zeros([BC, BT], dtype=DT)
-    for i_k in range(tl.cdiv(K, BKS)):
+    # the score products per key slice; each iteration first issues the next slice's loads
+    for i_k in range(NK):
         cols, m_c = channel_slice(i_k, BKS, K)
-        gs = tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.).to(DT)
-        G_f = load_tile(gc, rows, jm, cols, m_c, HV * K, DT)
-        k_f = load_tile(k, rows, jm, cols, m_c, H * K, DT) * rk_f[:, None]
-        G_i = load_tile(gc, r_i, m_i, cols, m_c, HV * K, DT)
-        b_q, _k, b_a, b_d = erase_rows(q, k, b, z, d_in, r_i, m_i, cols, m_c, rq_i, rk_i, c_i, l_i,
-                                       H, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        n_gs, n_Gf, n_kf, n_Gi, n_q, n_k, n_b, n_x = _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s,
+                                                                  i_k + 1, H, HV, K, BKS, DIR_SOURCE)
+        gs = p_gs.to(DT)
+        G_f = p_Gf.to(DT)
+        k_f = p_kf.to(DT) * rk_f[:, None]
+        G_i = p_Gi.to(DT)
+        b_q, _k, b_a, b_d = erase_from(p_q.to(DT), p_k.to(DT), p_b.to(DT), p_x, rq_i, rk_i, c_i, l_i, DIR_SOURCE,
+                                       DIR_GATED, DT)
         e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
         kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
         cq = tl.dot(b_q * e1, kr, input_precision=PREC)
@@ -412,6 +489,7 @@ def qed_scores_kernel(
         acck += ck
         if PROBES:
             accd += cd
+        p_gs, p_Gf, p_kf, p_Gi, p_q, p_k, p_b, p_x = n_gs, n_Gf, n_kf, n_Gi, n_q, n_k, n_b, n_x
     ri = (i_i * BC + o_c)[:, None]
     mc = o_t < (i_i + 1) * BC                   # the column blocks on and below the diagonal
     off = i_hv * BT
