@@ -4,12 +4,8 @@ r"""Intra-chunk kernels of ``qed_chunk``, part 2: the UT-transform inverse and t
 ``qed_inverse_kernel`` (one program per chunk and value head): ``Ai = (I + A_kk)^{-1}`` for the
 strictly lower ``[BT, BT]`` chunk matrix ``A_kk``, in blocks of ``BC = 16`` rows: the four
 diagonal blocks at once by forward substitution on a ``[4, 16, 16]`` tile (row ``i`` =
-``e_i - sum_{m<i} A[i, m] row m``: 15 dependent steps), then the off-diagonal blocks by block
-products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``. Every load of ``A_kk`` is issued up front,
-before the substitution: the 15 rows of the diagonal blocks it steps through (each ``[4, 16]``,
-row ``i`` of all four blocks, in the layout the step multiplies with) and the six blocks below
-the diagonal that the products read. Their latencies overlap one another and the substitution,
-and no step of the dependent chain waits on memory.
+``e_i - sum_{m<i} A[i, m] row m``, the rows of ``A`` loaded from memory: 15 dependent steps),
+then the off-diagonal blocks by block products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``.
 It reads only the blocks of ``A_kk`` on and below the diagonal and writes only those of ``Ai``
 (the blocks above are left as allocated: every reader masks its loads to the lower triangle).
 The unrolling is written for ``BT = 4 * BC`` (checked on the host).
@@ -38,33 +34,17 @@ INVERSE_WARPS = 8
 
 
 @triton.jit
-def _diag_rows(akk, c0, eos, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """Rows ``1 .. BC-1`` of the ``BT // BC`` diagonal blocks of the strictly lower ``A_kk`` of
-    the chunk starting at row ``c0``, as a tuple of ``BC - 1`` tiles ``[BT // BC, BC]``: tile
-    ``i - 1`` holds ``A[J BC + i, J BC + m]`` for ``m < i`` in row ``J`` (rows past ``eos`` and the
-    rest 0), in the stored dtype. All of them are loaded before the substitution uses the first;
-    each is loaded in the layout its step multiplies with, which selecting row ``i`` out of one
-    ``[BT // BC, BC, BC]`` tile in registers would not give (a cross-thread reduction per step)."""
+def _inv_diag(akk, c0, eos, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr):
+    """``(I + A_JJ)^{-1}`` of the ``BT // BC`` diagonal blocks of the strictly lower ``A_kk`` as one
+    ``[BT // BC, BC, BC]`` tile, by forward substitution over the block rows."""
     o_b = tl.arange(0, BT // BC)
-    o_c = tl.arange(0, BC)
-    rows = ()
-    for i in tl.static_range(1, BC):
-        r = c0 + o_b * BC + i
-        rows = rows + (tl.load(akk + r[:, None] * (HV * BT) + (o_b * BC)[:, None] + o_c[None, :],
-                               mask=(r < eos)[:, None] & (o_c < i)[None, :], other=0.),)
-    return rows
-
-
-@triton.jit
-def _inv_diag(rows, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr):
-    """``(I + A_JJ)^{-1}`` of the ``BT // BC`` diagonal blocks as one ``[BT // BC, BC, BC]`` tile,
-    by forward substitution over the block rows, ``X_i = e_i - sum_{m<i} A[i, m] X_m``, from
-    the rows of the blocks already in registers (:func:`_diag_rows`)."""
     o_c = tl.arange(0, BC)
     eye = tl.where(o_c[:, None] == o_c[None, :], 1., 0.).to(DT)
     X = tl.zeros([BT // BC, BC, BC], dtype=DT) + eye[None, :, :]
     for i in tl.static_range(1, BC):
-        a = rows[i - 1].to(DT)
+        r = c0 + o_b * BC + i
+        a = tl.load(akk + r[:, None] * (HV * BT) + (o_b * BC)[:, None] + o_c[None, :],
+                    mask=(r < eos)[:, None] & (o_c < i)[None, :], other=0.).to(DT)
         X = tl.where((o_c == i)[None, :, None], X - tl.sum(a[:, :, None] * X, 1)[:, None, :], X)
     return X
 
@@ -108,20 +88,17 @@ def qed_inverse_kernel(
     c0 = bos + i_t * BT
     akk += i_hv * BT
     ai += i_hv * BT
-    # every load first: the rows of the diagonal blocks, then the blocks below the diagonal
-    # (in flight during the substitution)
-    rows = _diag_rows(akk, c0, eos, HV, BT, BC)
+    X = _inv_diag(akk, c0, eos, HV, BT, BC, DT)
+    i00 = _block_of(X, 0, BT, BC)
+    i11 = _block_of(X, 1, BT, BC)
+    i22 = _block_of(X, 2, BT, BC)
+    i33 = _block_of(X, 3, BT, BC)
     k10 = _blk(akk, c0, eos, 1, 0, HV, BT, BC, DT)
     k20 = _blk(akk, c0, eos, 2, 0, HV, BT, BC, DT)
     k21 = _blk(akk, c0, eos, 2, 1, HV, BT, BC, DT)
     k30 = _blk(akk, c0, eos, 3, 0, HV, BT, BC, DT)
     k31 = _blk(akk, c0, eos, 3, 1, HV, BT, BC, DT)
     k32 = _blk(akk, c0, eos, 3, 2, HV, BT, BC, DT)
-    X = _inv_diag(rows, BT, BC, DT)
-    i00 = _block_of(X, 0, BT, BC)
-    i11 = _block_of(X, 1, BT, BC)
-    i22 = _block_of(X, 2, BT, BC)
-    i33 = _block_of(X, 3, BT, BC)
     i10 = -_mm(i11, _mm(k10, i00))
     i21 = -_mm(i22, _mm(k21, i11))
     i32 = -_mm(i33, _mm(k32, i22))
