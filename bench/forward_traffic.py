@@ -129,16 +129,16 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
     nvb_out = triton.cdiv(s.V, OUTPUT_BV)
     p = lambda *acc: acc if probes else ()  # noqa: E731
     prep = Launch("prep (qed_prep_kernel)",
-                  reads=(Access("q (_stats, erase_rows)", tk, io, 2), Access("k (_stats, erase_rows)", tk, io, 2),
-                         Access("b (_stats, erase_rows)", tk, io, 2), Access("g", tk, F32)),
+                  reads=(Access("q (_stats, erase_tiles)", tk, io, 2), Access("k (_stats, erase_tiles)", tk, io, 2),
+                         Access("b (_stats, erase_tiles)", tk, io, 2), Access("g", tk, F32)),
                   writes=(Access("rq, rk, cp", 3 * tr, F32), Access("gc = G", tk, F32), Access("kg, qg, ag", 3 * tk, io),
                           Access("gl = exp(G_last)", s.chunks * s.K, F32),
                           *p(Access("rho, e", 2 * tr, F32), Access("dg", tk, io), Access("d (probe)", tk, F32))),
                   kernel="qed_prep_kernel")
     scores = Launch("scores (qed_scores_kernel)",
                     reads=(Access("gc: G_f key rows, G_i, span rows", tk, F32, EARLIER_KEYS + 1 + 3 * 4 / BT),
-                           Access("k: k_f key rows, erase_rows", tk, io, EARLIER_KEYS + 1),
-                           Access("q, b (erase_rows)", 2 * tk, io), Access("rq, rk, cp (rows), rk (key rows)", 3 * tr, F32,
+                           Access("k: k_f key rows, _score_slice", tk, io, EARLIER_KEYS + 1),
+                           Access("q, b (_score_slice)", 2 * tk, io), Access("rq, rk, cp (rows), rk (key rows)", 3 * tr, F32,
                                                                          (3 + EARLIER_KEYS) / 3)),
                     writes=(Access("aqk", ta, io, share=BLOCKS_ON_AND_BELOW), Access("akk", ta, F32, share=BLOCKS_ON_AND_BELOW),
                             *p(Access("adk", ta, io, share=BLOCKS_ON_AND_BELOW))), kernel="qed_scores_kernel")
