@@ -107,7 +107,8 @@ def test_in_place_decode_steps_write_over_the_state_and_equal_one_run():
         o_t, s_t, p_t = qed_recurrent(*step, initial_state=state, output_final_state=True, return_probes=True,
                                       inplace_final_state=True)
         assert s_t is state
-        outs.append(o_t), sds.append(p_t["Sd"])
+        outs.append(o_t)
+        sds.append(p_t["Sd"])
     torch.testing.assert_close(torch.cat(outs, 1), o, **TIGHT)
     torch.testing.assert_close(torch.cat(sds, 1), p["Sd"], **TIGHT)
     torch.testing.assert_close(state, s, **TIGHT)

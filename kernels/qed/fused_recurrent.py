@@ -196,7 +196,7 @@ def checked_block_config(block_config, V: int) -> tuple[int, int]:
 
 def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, output_final_state: bool,
                   return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem,
-                  block_config: tuple[int, int], inplace_final_state: bool = False) -> tuple:
+                  block_config: tuple[int, int], inplace_final_state: bool) -> tuple:
     """Launch :func:`qed_recurrent_kernel` on contiguous inputs: ``(o, final_state, probes)``;
     with ``inplace_final_state`` the final state is written over ``initial_state``."""
     P = problem
@@ -237,13 +237,13 @@ def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=No
 
     ``inplace_final_state=True`` (with ``output_final_state=True`` and a contiguous
     ``initial_state``) writes the final state over ``initial_state`` and returns that tensor: a
-    decode loop that owns its state buffers then moves ``N * HV * K * V`` state elements once per
-    step instead of three times (read, write a new tensor, copy it back). It is exact: each program
+    decode loop that owns its state buffers then reads and writes its state once per step, instead
+    of writing a new tensor and copying it back (twice the state traffic). It is exact: each program
     reads its ``[K, BV]`` block of the state before the first token and writes the same block
     after the last, and no other program touches it.
     """
     if inplace_final_state:
-        _check_inplace_state("qed_recurrent", initial_state, output_final_state)
+        _check_inplace_state(initial_state, output_final_state)
     P = check_qed_inputs("qed_recurrent", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
     if P.K > MAX_HEAD_DIM or P.V > MAX_HEAD_DIM:
@@ -257,13 +257,13 @@ def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=No
                          inplace_final_state)
 
 
-def _check_inplace_state(op: str, initial_state, output_final_state: bool) -> None:
+def _check_inplace_state(initial_state, output_final_state: bool) -> None:
     """Refuse, by name, an ``inplace_final_state`` request that could not update ``initial_state``
     in place (no state, no final state asked, or a non-contiguous state that would be copied)."""
     if not output_final_state:
-        raise ValueError(f"{op}: `inplace_final_state=True` needs `output_final_state=True`")
+        raise ValueError("qed_recurrent: `inplace_final_state=True` needs `output_final_state=True`")
     if initial_state is None:
-        raise ValueError(f"{op}: `inplace_final_state=True` needs an `initial_state` to write over, got None")
+        raise ValueError("qed_recurrent: `inplace_final_state=True` needs an `initial_state` to write over, got None")
     if not initial_state.is_contiguous():
-        raise ValueError(f"{op}: `inplace_final_state=True` needs a contiguous `initial_state` "
+        raise ValueError(f"qed_recurrent: `inplace_final_state=True` needs a contiguous `initial_state` "
                          f"(a copy would receive the update), got strides {tuple(initial_state.stride())}")

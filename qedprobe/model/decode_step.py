@@ -8,9 +8,9 @@ The eager step runs ``model.run_blocks`` (hooks fire). The graph step captures t
 once, on static buffers (token ids ``[N, 1]``, the per-layer states, the lambda factors), then
 each call copies the tokens in, replays the graph and returns the static logits. Inside the
 graph the recurrent kernel writes each layer's new state over its static state
-(``run_blocks(..., state_in_place=True)``: the states are the largest tensors of a step, 4.7 GB
-for 24 layers of 6 x 128 x 128 float32 at N = 500, so they are read and written once per step,
-not also copied), and the new convolution caches are copied back into theirs. Replay runs the
+(``run_blocks(..., state_in_place=True)``: the states, ``N x H x K x V`` float32 per layer, are
+the largest tensors of a step, so they are read and written once per step, not also copied), and
+the new convolution caches are copied back into theirs. Replay runs the
 very kernels of the eager step on the same inputs, so its results are the same bit for bit; it
 only removes the Python and launch cost (~1000 launches per 24-layer step) and the state copy.
 
