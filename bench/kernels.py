@@ -24,7 +24,9 @@ K=V=128):
    (``bench/recurrent_decode.py``).
 
 ``--quick`` stops after step 3 and the forward + backward of step 7; ``--parts`` adds per-kernel
-rows (torch.profiler, ms per call) for the main shape. ``--no-fla`` leaves fla out (its autotune
+rows (torch.profiler, ms per call) for the main shape: the ``qed_*`` kernels of the forward
+(probes off and on), every kernel of the forward + backward (torch's too: the backward's zeros,
+sums and casts count) and, with fla, every kernel of fla's forward. ``--no-fla`` leaves fla out (its autotune
 takes minutes; for comparing kernel versions in one call), the ratios then against ``--fla-ms``
 and ``--fla-fwd-bwd-ms`` when given (fla's times measured before on the same machine kind). The rows (``name, shape, ms, ref_ms, ratio, note`` plus ``device, date,
 commit``) go to ``--json`` (default ``$OUT/kernels.json`` when ``$OUT`` is set, else
@@ -156,7 +158,8 @@ def t_sweep(rows: Rows, fla: bool, left):
 
 def parts(rows: Rows, x, fla: bool):
     from torch.profiler import ProfilerActivity, profile
-    fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True))] + ([("fla", fla_fn(x))] if fla else [])
+    fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("qed fwd+bwd", fwd_bwd(qed_fn, x, GRAD_WRT))] \
+        + ([("fla", fla_fn(x))] if fla else [])
     for name, fn in fns:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
@@ -164,7 +167,7 @@ def parts(rows: Rows, x, fla: bool):
             torch.cuda.synchronize()
         for e in prof.key_averages():
             t_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            if t_us > 0 and (e.key.startswith("qed_") or name == "fla"):
+            if t_us > 0 and (e.key.startswith("qed_") or name != "qed" and not name.startswith("qed+")):
                 rows.add(f"  {name}: {e.key[:40]}", shape_of(x), t_us / 1e3 / 5, note="(per call)")
 
 

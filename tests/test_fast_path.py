@@ -12,7 +12,7 @@ from qedprobe.eval import commands, sweep
 from qedprobe.eval.sweep import SweepError, load_results, run_sweep, sweep_fast_path
 from qedprobe.model import QEDModel, fast_path, strength
 from qedprobe.model.decode_step import decode_step
-from qedprobe.model.fast import TokenLayout, conv_silu, stacked_weights
+from qedprobe.model.fast import TokenLayout, conv_silu, mixer_inputs, stacked_weights
 from qedprobe.model.layers import ShortConvolution
 from qedprobe.model.packing import pack_prompts
 
@@ -78,6 +78,36 @@ def test_masked_packed_convolution_equals_the_plain_one(dtype):
     rows = torch.randn(3, 5, 16, dtype=dtype)
     for got, want in zip(conv_silu(rows, conv.weight, conv.bias, cache, None), conv(rows, cache)):
         torch.testing.assert_close(got, want, rtol=2.5e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", [None, "inductor"])
+def test_pre_region_writes_the_decode_step_caches_in_place(backend):
+    model = tiny(vocab_size=97)
+    block = model.blocks[0]
+    mixer = block.attn
+    convs = tuple((c.weight, c.bias) for c in (mixer.q_conv1d, mixer.k_conv1d, mixer.v_conv1d))
+    splits = tuple(lin.out_features for lin in (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.b_proj,
+                                                mixer.w_proj, mixer.f_proj[0], mixer.g_proj[0]))
+    torch.manual_seed(2)
+    x = torch.randn(3, 1, model.cfg.hidden_size)
+    caches = tuple(torch.randn(3, w.shape[0], w.shape[-1] - 1) for w, _ in convs)
+    region = mixer_inputs if backend is None else torch.compile(mixer_inputs, backend=backend, fullgraph=True)
+
+    def run(caches, in_place):
+        with torch.inference_mode():
+            return region(x, block.attn_norm.weight, block.attn_norm.eps, *stacked_weights(block)[:1], splits,
+                          mixer.f_proj[1].weight, convs, caches, mixer.dt_bias, mixer.A_log, None,
+                          model.cfg.num_heads, in_place)
+    before = tuple(c.clone() for c in caches)
+    new = run(caches, False)
+    assert all(torch.equal(c, b) for c, b in zip(caches, before))  # not in place: the caches stay
+    got = run(caches, True)
+    for a, b in zip(got[:7], new[:7], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for cache, out, want, old in zip(caches, got[-1], new[-1], before, strict=True):
+        assert out is cache  # the region returns the caches it wrote
+        torch.testing.assert_close(cache, want, rtol=0, atol=0)
+        assert torch.equal(cache[..., :-1], old[..., 1:])  # one token in: the window moved by one
 
 
 @pytest.mark.parametrize("arm, s", [("full", 1.5), ("gdn2", 1.0), ("rand", -1.0)])

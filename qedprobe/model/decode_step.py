@@ -7,12 +7,13 @@ eager, or replayed from a CUDA graph.
 The eager step runs ``model.run_blocks`` (hooks fire). The graph step captures the same call
 once, on static buffers (token ids ``[N, 1]``, the per-layer states, the lambda factors), then
 each call copies the tokens in, replays the graph and returns the static logits. Inside the
-graph the recurrent kernel writes each layer's new state over its static state
-(``run_blocks(..., state_in_place=True)``: the states, ``N x H x K x V`` float32 per layer, are
-the largest tensors of a step, so they are read and written once per step, not also copied), and
-the new convolution caches are copied back into theirs. Replay runs the
-very kernels of the eager step on the same inputs, so its results are the same bit for bit; it
-only removes the Python and launch cost (~1000 launches per 24-layer step) and the state copy.
+graph each layer writes its new state over its static state (``run_blocks(...,
+state_in_place=True)``): the recurrent kernel its ``N x H x K x V`` float32 state, the largest
+tensors of a step, read and written once per step instead of also copied; the convolution
+caches inside the region that computes them (on the fast path, the compiled pre region), not by
+a copy kernel of their own per cache. Replay runs the very kernels of the eager step on the same
+inputs, so its results are the same bit for bit; it only removes the Python and launch cost
+(~1000 launches per 24-layer step) and the state copies.
 
 The graph is used only where it is exact and safe: CUDA tensors, no hook attached anywhere in
 the model, ``op_mode`` ``"auto"`` or ``"recurrent"``, value checks off (they synchronise). A
@@ -52,12 +53,10 @@ def _clone(states):
 
 
 def _copy(dst, src) -> None:
-    """Copy the states ``src`` into ``dst``, skipping tensors that already are ``dst``'s (a
-    recurrent state updated in place)."""
+    """Copy the states ``src`` into ``dst``."""
     for d, s in zip(dst, src):
         for dt, st in zip((d.recurrent, *d.conv), (s.recurrent, *s.conv)):
-            if dt is not st:
-                dt.copy_(st)
+            dt.copy_(st)
 
 
 class _EagerStep:
@@ -92,9 +91,8 @@ class _GraphStep:
             self.logits = self._step()
 
     def _step(self) -> torch.Tensor:
-        logits, new = self.model.run_blocks(self.tokens, states=self.states, cu_seqlens=None,
-                                            scales=self.scales, want_state=True, state_in_place=True)
-        _copy(self.states, new)
+        logits, _ = self.model.run_blocks(self.tokens, states=self.states, cu_seqlens=None,
+                                          scales=self.scales, want_state=True, state_in_place=True)
         return logits[:, -1]
 
     def load(self, states, scales) -> "_GraphStep":

@@ -214,13 +214,15 @@ def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias, cache, layout: TokenL
 
 
 def mixer_inputs(x, norm_w, eps: float, w_in, splits: tuple, f2, convs, caches, dt_bias, A_log, layout,
-                 heads: int):
+                 heads: int, caches_in_place: bool):
     """The pre region: ``x`` ``[B, T, D]`` -> ``(q, k, v, b, w, g, g_low, conv caches)``, the
     recurrence's inputs ``[B, T, H, .]`` (``g`` in float32, float64 for a float64 model) and
     ``g_low`` ``[B, T, V]``, the gate's first projection.
 
     ``splits``: the row counts of ``W_in``'s seven parts; ``convs``: the q, k, v ``(weight,
-    bias)``; ``caches``: their caches ``[B, D_i, W-1]`` or None each.
+    bias)``; ``caches``: their caches ``[B, D_i, W-1]`` or None each. ``caches_in_place``: the
+    new caches are written over ``caches`` (inside the compiled region, so the write is part of
+    the kernel that reads them) and those tensors are returned.
     """
     h = rms_norm(x, norm_w, eps)
     q_raw, k_raw, v_raw, b_raw, w_raw, f_low, g_low = F.linear(h, w_in).split(splits, dim=-1)
@@ -228,7 +230,7 @@ def mixer_inputs(x, norm_w, eps: float, w_in, splits: tuple, f2, convs, caches, 
     for raw, (weight, bias), cache in zip((q_raw, k_raw, v_raw), convs, caches):
         y, tail = conv_silu(raw, weight, bias, cache, layout)
         outs.append(y.unflatten(-1, (heads, -1)))
-        tails.append(tail)
+        tails.append(cache.copy_(tail) if caches_in_place else tail)
     ct = torch.promote_types(x.dtype, torch.float32)
     g = F.softplus(F.linear(f_low, f2).to(ct) + dt_bias.to(ct))
     g = -A_log.to(ct).exp().unsqueeze(-1) * g.unflatten(-1, (heads, -1))
@@ -280,7 +282,7 @@ def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, wan
         _mark_dynamic((0,), layout.pos, layout.tail_at, layout.tail_ok)
     q, k, v, b, w, g, g_low, tails = _compiled(mixer_inputs, fp.backend)(
         x, block.attn_norm.weight, block.attn_norm.eps, w_in, splits, mixer.f_proj[1].weight, convs, caches,
-        mixer.dt_bias, mixer.A_log, layout, cfg.num_heads)
+        mixer.dt_bias, mixer.A_log, layout, cfg.num_heads, state_in_place and state is not None)
     o, recurrent, _ = qed_attention(
         q, k, v, g, b, w, mixer.lam(lam_scale), mode=cfg.op_mode, arm=cfg.arm, z=mixer.z,
         initial_state=None if state is None else state.recurrent, output_final_state=want_state,

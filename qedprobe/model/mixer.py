@@ -140,8 +140,9 @@ class QEDMixer(nn.Module):
 
         ``lam_scale`` ``[H]`` multiplies lambda; ``state`` continues N sequences (N = B, or
         ``len(cu_seqlens) - 1`` for packed input with B = 1). ``state_in_place`` writes the new
-        recurrent state over ``state.recurrent`` (the recurrent op's ``inplace_final_state``:
-        CUDA, one token per sequence), for a decode loop that owns its state buffers.
+        state over ``state``: the recurrent state (the recurrent op's ``inplace_final_state``:
+        CUDA, one token per sequence) and the convolution caches, for a decode loop that owns
+        its state buffers.
         """
         cfg = self.cfg
         B, T, _ = x.shape
@@ -176,4 +177,7 @@ class QEDMixer(nn.Module):
         o = through(self.hook_o, o)
         o = self.o_norm(o, self._heads(self.g_proj(x), V))
         out = self.o_proj(o.flatten(-2))
-        return out, (MixerState(recurrent, (cq, ck, cv)) if want_state else None)
+        conv_out = (cq, ck, cv)
+        if state_in_place:
+            conv_out = tuple(cache.copy_(new) for cache, new in zip(state.conv, conv_out))
+        return out, (MixerState(recurrent, conv_out) if want_state else None)

@@ -168,8 +168,8 @@ class QEDModel(HookedModel):
         """:meth:`forward_with_state` on ids already checked, with the lambda factors ``scales``
         ``[L, H]`` (device) given: no host synchronisation, so it can be captured in a CUDA graph.
         Inside a ``fast_path`` block the blocks run on the fast path where it applies (``fast.py``).
-        ``state_in_place``: each layer's new recurrent state is written over ``states[l].recurrent``
-        (:meth:`QEDMixer.forward`)."""
+        ``state_in_place``: each layer's new state (recurrent and convolution caches) is written
+        over ``states[l]`` (:meth:`QEDMixer.forward`)."""
         if states is not None and len(states) != self.cfg.num_hidden_layers:
             raise ValueError(f"QEDModel: `states` must hold one MixerState per layer "
                              f"({self.cfg.num_hidden_layers}), got {len(states)}")
