@@ -49,11 +49,13 @@ sm_90 build of the eight-warp kernel reads shared memory out of bounds (float32)
 (docs/BENCHMARKS.md)."""
 
 SCORES_BWD_BKS = 32
-SCORES_BWD_WARPS = 8
-"""Key slice and warps of ``qed_bwd_scores_kernel``, by rule: no spills at bf16 or float32
-(tf32x3) inputs, K = 128 (ptxas sm_90, docs/BENCHMARKS.md). Its row blocks are walked by
-runtime loops: unrolled, they needed more registers than 8 warps have (spills at every slice
-and warp count tried)."""
+SCORES_BWD_WARPS = 1
+"""Key slice and warps of ``qed_bwd_scores_kernel``, by rule: one warp per ``[16, 32]`` tile.
+The kernel's tiles are ``BC x BKS`` (16 tokens by 32 channels) and its diagonal blocks reduce
+over a tile's rows and columns at every one of their 16 steps; with more warps than the tile
+needs, each reduction crosses warps through shared memory and a barrier, so fewer warps are
+faster (``scripts/bwd_config_timing.py``; docs/BENCHMARKS.md has the screen). Its row blocks are
+walked by runtime loops: unrolled, they needed more registers than 8 warps have."""
 
 
 @triton.jit
