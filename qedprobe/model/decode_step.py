@@ -10,8 +10,8 @@ each call copies the tokens in, replays the graph and returns the static logits.
 graph each layer writes its new state over its static state (``run_blocks(...,
 state_in_place=True)``): the recurrent kernel its ``N x H x K x V`` float32 state, the largest
 tensors of a step, read and written once per step instead of also copied; the convolution
-caches inside the region that computes them (on the fast path, the compiled pre region), not by
-a copy kernel of their own per cache. Replay runs the very kernels of the eager step on the same
+caches by the block that computes them (on the fast path inside the compiled pre region, which
+schedules the write-back itself). Replay runs the very kernels of the eager step on the same
 inputs, so its results are the same bit for bit; it only removes the Python and launch cost
 (~1000 launches per 24-layer step) and the state copies.
 
