@@ -92,8 +92,12 @@ def qed_fn(x, arm="full", probes=False):
 
 
 def fla_fn(x):
+    """fla's ``chunk_gdn2`` on ``x``; with grouped value heads (which fla 0.6.0's ``chunk_gdn2``
+    refuses: q, k and g must have one shape) on ``q, k`` repeated per value head, the same problem."""
     from fla.ops.gdn2 import chunk_gdn2
-    return lambda: chunk_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], use_qk_l2norm_in_kernel=True)
+    m = x["v"].shape[2] // x["q"].shape[2]
+    q, k = (x[n].repeat_interleave(m, dim=2) for n in ("q", "k"))
+    return lambda: chunk_gdn2(q, k, x["v"], x["g"], x["b"], x["w"], use_qk_l2norm_in_kernel=True)
 
 
 def fwd_bwd(fn_of_x, x, names):
