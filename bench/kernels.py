@@ -96,7 +96,7 @@ def fla_fn(x):
     refuses: q, k and g must have one shape) on ``q, k`` repeated per value head, the same problem."""
     from fla.ops.gdn2 import chunk_gdn2
     m = x["v"].shape[2] // x["q"].shape[2]
-    q, k = (x[n].repeat_interleave(m, dim=2) for n in ("q", "k"))
+    q, k = (x[n] if m == 1 else x[n].repeat_interleave(m, dim=2) for n in ("q", "k"))
     return lambda: chunk_gdn2(q, k, x["v"], x["g"], x["b"], x["w"], use_qk_l2norm_in_kernel=True)
 
 
