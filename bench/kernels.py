@@ -160,19 +160,27 @@ def t_sweep(rows: Rows, fla: bool, left):
         rows.add("qed_chunk fwd (full) + probes", shape_of(xn), ms(qed_fn(xn, probes=True)), f_ms)
 
 
-def parts(rows: Rows, x, fla: bool):
+def kernel_ms(fn, calls: int = 5) -> dict[str, float]:
+    """Device time per call of every kernel ``fn`` launches (torch.profiler over ``calls`` calls), ms."""
     from torch.profiler import ProfilerActivity, profile
-    fns = [("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("qed fwd+bwd", fwd_bwd(qed_fn, x, GRAD_WRT))] \
-        + ([("fla", fla_fn(x))] if fla else [])
-    for name, fn in fns:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-        for e in prof.key_averages():
-            t_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-            if t_us > 0 and (e.key.startswith("qed_") or name != "qed" and not name.startswith("qed+")):
-                rows.add(f"  {name}: {e.key[:40]}", shape_of(x), t_us / 1e3 / 5, note="(per call)")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {e.key: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+             for e in prof.key_averages()}
+    return {key: t_us / 1e3 / calls for key, t_us in times.items() if t_us > 0}
+
+
+def parts(rows: Rows, x, fla: bool):
+    """Per-kernel rows: the ``qed_*`` kernels of the forward (probes off, on), every kernel of the
+    forward + backward and of fla's forward."""
+    fns = [("qed", qed_fn(x), False), ("qed+probes", qed_fn(x, probes=True), False),
+           ("qed fwd+bwd", fwd_bwd(qed_fn, x, GRAD_WRT), True)] + ([("fla", fla_fn(x), True)] if fla else [])
+    for name, fn, every_kernel in fns:
+        for key, t_ms in kernel_ms(fn).items():
+            if every_kernel or key.startswith("qed_"):
+                rows.add(f"  {name}: {key[:40]}", shape_of(x), t_ms, note="(per call)")
 
 
 def decode(rows: Rows):

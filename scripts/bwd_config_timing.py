@@ -13,13 +13,10 @@ import argparse
 import os
 import sys
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "bench")]
 from chunk_bwd_localize import apply_settings  # noqa: E402
-from kernels import GRAD_WRT, MAIN, fwd_bwd, inputs, ms, qed_fn  # noqa: E402
+from kernels import GRAD_WRT, MAIN, fwd_bwd, inputs, kernel_ms, ms, qed_fn  # noqa: E402
 
 
 def main():
@@ -30,12 +27,7 @@ def main():
     x = inputs(MAIN["B"], MAIN["T"], MAIN["H"], MAIN["HV"], MAIN["K"], MAIN["V"])
     step = fwd_bwd(qed_fn, x, GRAD_WRT)
     total = ms(step)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    kernel = sum(getattr(e, "device_time_total", 0) for e in prof.key_averages()
-                 if e.key.startswith("qed_bwd_scores_kernel")) / 1e3 / 5
+    kernel = sum(t for key, t in kernel_ms(step).items() if key.startswith("qed_bwd_scores_kernel"))
     print(f"timing {' '.join(a.set) or 'defaults'}: fwd+bwd {total:.3f} ms, qed_bwd_scores_kernel {kernel:.3f} ms")
 
 
