@@ -33,7 +33,7 @@ from qedprobe.kernels.qed.chunk_bwd_intra import (SCORES_BWD_BKS, SCORES_BWD_WAR
 from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
-from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, OUTPUT_WARPS, qed_output_kernel, qed_state_kernel, state_config
+from qedprobe.kernels.qed.chunk_scan import output_config, qed_output_kernel, qed_state_kernel, state_config
 
 TGT = GPUTarget("cuda", 90, 32)
 FULL = {"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}  # arm "full"
@@ -89,16 +89,16 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                   **opt("d_out", "*fp32")),
              dict(common, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True, PROBES=probes,
                   **absent("dg", "rho", "eig", "d_out")),
-             warps or chunk_intra.NUM_WARPS)
+             warps or chunk_intra.PREP_WARPS)
     compile_(chunk_intra.qed_scores_kernel,
              dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
                   scale="fp32", **opt("adk", f"*{io}")),
              dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
                   SPAN=chunk_intra.SPAN_MAX, PROBES=probes, **absent("adk")),
-             warps or chunk_intra.NUM_WARPS)
+             warps or chunk_intra.SCORES_WARPS)
     if not probes:  # the inverse and W/U kernels do not depend on the probes
         compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
-                 dict(HV=H, BT=BT, BC=BC, DT=tl.float32, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
+                 dict(HV=H, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_wy_kernel,
                  dict(ag=f"*{io}", v=f"*{io}", w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
@@ -115,12 +115,13 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                       USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, cu_seqlens=None,
                       chunk_offsets=None),
                  warps or nw, stages)
+    out_bv, out_warps = output_config(V, torch.float32 if fp32 else torch.bfloat16, probes)
     compile_(qed_output_kernel,
              dict(qg=f"*{io}", aqk=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32", **opt("dg", f"*{io}"),
                   **opt("adk", f"*{io}"), **opt("sd", "*fp32")),
-             dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=min(OUTPUT_BV, V), PREC=prec, PROBES=probes, IS_VARLEN=False,
+             dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=out_bv, PREC=prec, PROBES=probes, IS_VARLEN=False,
                   cu_seqlens=None, chunk_indices=None, **absent("dg", "adk", "sd")),
-             warps or OUTPUT_WARPS)
+             warps or out_warps)
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):

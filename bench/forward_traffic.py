@@ -17,7 +17,7 @@ state, on a GPU (intermediate buffers in bf16, ``chunk.chunk_precision``). Per a
 Two totals per launch: ``unique`` = each element once (the traffic DRAM must carry if re-reads
 hit L2; the figure to compare with the H200's ~4.3 TB/s), and ``requested`` = with ``times``
 (what the loads ask of L2). Launch configurations come from the kernels' own rule constants
-(``state_config``, ``OUTPUT_BV``); fla's autotuned value blocks are assumptions, named in the
+(``state_config``, ``output_config``); fla's autotuned value blocks are assumptions, named in the
 table (``--fla-state-bv``, ``--fla-output-bv``). Branches the benchmark inputs never take
 (the exact diagonal blocks at decay spans over ``SPAN_MAX``) are not counted.
 
@@ -35,7 +35,7 @@ import torch
 import triton
 
 from qedprobe.kernels.qed.chunk_common import BC, BT
-from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, state_config
+from qedprobe.kernels.qed.chunk_scan import output_config, state_config
 
 IO, F32 = 2, 4
 """Bytes per element of the benchmark's inputs / intermediates (bf16) and of float32 tensors."""
@@ -126,7 +126,7 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
     tk, tv, tr, ta = s.rows * s.K, s.rows * s.V, s.rows, s.rows * BT
     states = s.chunks * s.K * s.V
     nvb_state = triton.cdiv(s.V, state_config(s.K, s.V, torch.bfloat16)[0])
-    nvb_out = triton.cdiv(s.V, OUTPUT_BV)
+    nvb_out = triton.cdiv(s.V, output_config(s.V, torch.bfloat16, probes)[0])
     p = lambda *acc: acc if probes else ()  # noqa: E731
     prep = Launch("prep (qed_prep_kernel)",
                   reads=(Access("q (_stats, erase_tiles)", tk, io, 2), Access("k (_stats, erase_tiles)", tk, io, 2),

@@ -67,7 +67,7 @@ def bench_recurrent(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype =
     x = _inputs(B, T, H, K, V, dtype)
     args = [x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")]
     kw = dict(arm="full", initial_state=x["h0"], output_final_state=True)
-    config = block_config or default_block_config(K, V, torch.float32)  # the state is float32
+    config = block_config or default_block_config(K, V, torch.float32, B * H)  # the state is float32
     res = {"B": B, "T": T, "H": H, "K": K, "V": V, "dtype": str(dtype).replace("torch.", ""),
            "block_config": config}
     ref = qed_naive(*[a.double() for a in args], **{**kw, "initial_state": x["h0"].double()})[0]

@@ -25,7 +25,7 @@ from triton.testing import do_bench
 
 from qedprobe.kernels.qed.chunk import chunk_intra_fwd, chunk_precision, direction_inputs
 from qedprobe.kernels.qed.chunk_common import chunk_layout
-from qedprobe.kernels.qed.chunk_scan import OUTPUT_BV, OUTPUT_WARPS, chunk_output_fwd, chunk_state_fwd, state_config
+from qedprobe.kernels.qed.chunk_scan import chunk_output_fwd, chunk_state_fwd, output_config, state_config
 from qedprobe.kernels.qed.inputs import check_qed_inputs
 
 STATE_CONFIGS = [(bv, warps, stages) for bv in (16, 32, 64) for warps in (4, 8) for stages in (1, 2)]
@@ -72,12 +72,13 @@ def main():
                                        r=r, T=P.T, N=P.N, config=config)
 
     def output(bv, warps):
-        return lambda: chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, bv=bv, num_warps=warps)
+        return lambda: chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, config=(bv, warps))
 
     rule = state_config(P.K, P.V, inter)
     state(rule)()
     ref_hs, ref_r = hs.clone(), r.clone()
-    output(OUTPUT_BV, OUTPUT_WARPS)()
+    out_rule = output_config(P.V, inter, False)
+    output(*out_rule)()
     ref_o = o.clone()
     rows = []
     for cfg in STATE_CONFIGS:
@@ -90,7 +91,7 @@ def main():
     for bv, warps in OUTPUT_CONFIGS:
         t = timed(output(bv, warps))
         rows.append(dict(kernel="qed_output_kernel", BV=bv, warps=warps, ms=round(t, 4),
-                         rule=(bv, warps) == (OUTPUT_BV, OUTPUT_WARPS), max_diff=(o - ref_o).abs().max().item()))
+                         rule=(bv, warps) == out_rule, max_diff=(o - ref_o).abs().max().item()))
         print(rows[-1], flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -212,7 +212,10 @@ def test_block_config_sets_the_launch_and_keeps_the_result():
     x = recurrent_inputs(T=5, seed=3)
     kw = dict(initial_state=random_state(2, 2, 24, 24, 4), output_final_state=True, return_probes=True)
     ref = qed_naive(*op_args(x), **kw)
-    assert default_block_config(24, 24, F64) == (16, 4) and default_block_config(128, 128, torch.float32) == (32, 4)
+    assert default_block_config(24, 24, F64, 4) == (16, 4)
+    assert default_block_config(128, 128, torch.float32, 96) == (32, 2)
+    assert default_block_config(128, 128, torch.float32, 3000) == (64, 2)
+    assert default_block_config(256, 256, torch.float32, 3000) == (32, 2)
     for config in ((8, 2), (32, 1)):
         assert_outputs_close(qed_recurrent(*op_args(x), **kw, block_config=config), ref, **TIGHT)
     for bad in ((12, 4), (64, 4), (16, 3), [16, 4], (16,)):

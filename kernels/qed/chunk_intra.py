@@ -53,13 +53,14 @@ from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_sl
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
 product; beyond it the block is built from exact per-element exponentials."""
-PREP_BKS = 16
-"""Key slice of the prep kernel: at 32 its ``[64, 32]`` tiles of five tensors do not fit in the
-registers of 4 warps (ptxas, sm_90: spills); at 16 they do."""
+PREP_BKS = 32
+"""Key slice of the prep kernel: ``[64, 32]`` tiles, twice the bytes per load of 16 (faster on
+the H200 with probes off and on, docs/BENCHMARKS.md, though ptxas spills a few registers)."""
 SCORES_BKS = 16
 """Key slice of the scores kernel (at 32 the kernel needs all 255 registers of 4 warps)."""
-NUM_WARPS = 4
-"""Warps of both kernels, by rule (no autotuning: a call's configuration depends only on its
+PREP_WARPS = 4
+SCORES_WARPS = 4
+"""Warps of the two kernels, by rule (no autotuning: a call's configuration depends only on its
 arguments' sizes and dtypes, never on earlier calls; ptxas figures in docs/BENCHMARKS.md)."""
 
 
@@ -352,7 +353,7 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
         rho=out.rho, eig=out.e, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
-        L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=NUM_WARPS, num_stages=1,
+        L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=PREP_WARPS, num_stages=1,
     )
     return out
 
@@ -527,6 +528,6 @@ def chunk_scores_fwd(x: DirectionInputs, prep: Prepared, *, scale: float, lay: C
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BC=BC, BKS=min(SCORES_BKS, triton.next_power_of_2(K)),
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec,
-        SPAN=SPAN_MAX, num_warps=NUM_WARPS, num_stages=1,
+        SPAN=SPAN_MAX, num_warps=SCORES_WARPS, num_stages=1,
     )
     return out

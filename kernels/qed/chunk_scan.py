@@ -120,19 +120,26 @@ def qed_output_kernel(
 
 def state_config(K: int, V: int, inter_dtype: torch.dtype) -> tuple[int, int, int]:
     """``(BV, num_warps, num_stages)`` of the state scan, by rule from ``K``, ``V`` and the dtype
-    of the intra buffers: bf16 tiles with ``K <= 128`` are pipelined two deep; float32 / float64
-    ``[64, K]`` tiles do not fit twice in shared memory, nor do bf16 ones with K=256. 8 warps:
-    at 4 the ``[K, 64]`` state block and the chunk's tiles spill (ptxas, docs/BENCHMARKS.md)."""
+    of the intra buffers: bf16 tiles with ``K <= 128`` are pipelined two deep, in 4 warps (two
+    programs per SM; the few registers it spills cost less than the second wave of 8 warps);
+    float32 / float64 ``[64, K]`` tiles do not fit twice in shared memory, nor do bf16 ones with
+    K=256, and run in 8 warps, where the ``[K, 64]`` state block and the chunk's tiles do not
+    spill (ptxas and timings in docs/BENCHMARKS.md)."""
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
-    stages = 2 if (inter_dtype == torch.bfloat16 and BK <= 128) else 1
-    return min(BV, triton.next_power_of_2(V)), 8, stages
+    pipelined = inter_dtype == torch.bfloat16 and BK <= 128
+    return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
 
 
-OUTPUT_BV = 64
-OUTPUT_WARPS = 8
-"""Value block and warps of the output kernel (its programs are independent: one per chunk,
-value head and value block)."""
+def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int]:
+    """``(BV, num_warps)`` of the output kernel, by rule (its programs are independent: one per
+    chunk, value head and value block): bf16 tiles without probes take the whole value axis up to
+    128 in 8 warps (``qg`` and ``A_qk`` read once per chunk); with probes (a second product, ``Sd``)
+    value blocks of 64 in 4 warps; float32 / float64 tiles value blocks of 64 in 8 warps, where
+    they do not spill (timings in docs/BENCHMARKS.md)."""
+    if inter_dtype != torch.bfloat16:
+        return min(64, triton.next_power_of_2(V)), 8
+    return (min(64, triton.next_power_of_2(V)), 4) if probes else (min(128, triton.next_power_of_2(V)), 8)
 
 
 def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=None, T: int, N: int,
@@ -153,14 +160,15 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=N
     )
 
 
-def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None, bv: int = OUTPUT_BV,
-                     num_warps: int = OUTPUT_WARPS) -> None:
-    """Launch ``qed_output_kernel`` (grid: chunks x value heads x value blocks of ``bv``): writes
-    ``o`` and, with probes, ``sd`` (from ``dg, adk``)."""
+def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None,
+                     config: tuple[int, int] | None = None) -> None:
+    """Launch ``qed_output_kernel`` (grid: chunks x value heads x value blocks): writes ``o`` and,
+    with probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps)`` overrides
+    :func:`output_config` (for screening configurations, ``scripts/scan_configs.py``)."""
     _, T, HV, K = qg.shape
     V = r.shape[-1]
     BK = triton.next_power_of_2(K)
-    BV = min(bv, triton.next_power_of_2(V))
+    BV, num_warps = config or output_config(V, qg.dtype, sd is not None)
     qed_output_kernel[(*lay.grid, triton.cdiv(V, BV))](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,

@@ -5,7 +5,9 @@ r"""Intra-chunk kernels of ``qed_chunk``, part 2: the UT-transform inverse and t
 strictly lower ``[BT, BT]`` chunk matrix ``A_kk``, in blocks of ``BC = 16`` rows: the four
 diagonal blocks at once by forward substitution on a ``[4, 16, 16]`` tile (row ``i`` =
 ``e_i - sum_{m<i} A[i, m] row m``, the rows of ``A`` loaded from memory: 15 dependent steps),
-then the off-diagonal blocks by block products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``.
+then the off-diagonal blocks by block products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ`` at the
+forward's ``tl.dot`` precision (tf32 for bf16 inputs, as fla's solve; tf32x3 for float32, ieee
+for float64).
 It reads only the blocks of ``A_kk`` on and below the diagonal and writes only those of ``Ai``
 (the blocks above are left as allocated: every reader masks its loads to the lower triangle).
 The unrolling is written for ``BT = 4 * BC`` (checked on the host).
@@ -29,8 +31,10 @@ WY_BKS = 32
 WY_BVS = 32
 """Value slice of the W/U kernel (at 64 it spills with 4 warps)."""
 WY_WARPS = 4
-INVERSE_WARPS = 8
-"""Warps of the two kernels, by rule (no autotuning; ptxas figures in docs/BENCHMARKS.md)."""
+INVERSE_WARPS = 1
+"""Warps of the two kernels, by rule (no autotuning). The inverse runs in one warp: its forward
+substitution is a chain of 15 dependent row reductions, which inside one warp need no barrier
+and leave room for many programs per SM (docs/BENCHMARKS.md has the screen)."""
 
 
 @triton.jit
@@ -73,16 +77,14 @@ def _set(A, x, r0, eos, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: 
     store_tile(A, x, rows, rows < eos, cols, cols < BT, HV * BT)
 
 
-@triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=["T"])
 def qed_inverse_kernel(
     akk, ai, cu_seqlens, chunk_indices, T,
-    HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     c0 = bos + i_t * BT
@@ -99,12 +101,15 @@ def qed_inverse_kernel(
     k30 = _blk(akk, c0, eos, 3, 0, HV, BT, BC, DT)
     k31 = _blk(akk, c0, eos, 3, 1, HV, BT, BC, DT)
     k32 = _blk(akk, c0, eos, 3, 2, HV, BT, BC, DT)
-    i10 = -_mm(i11, _mm(k10, i00))
-    i21 = -_mm(i22, _mm(k21, i11))
-    i32 = -_mm(i33, _mm(k32, i22))
-    i20 = -_mm(i22, _mm(k20, i00) + _mm(k21, i10))
-    i31 = -_mm(i33, _mm(k31, i11) + _mm(k32, i21))
-    i30 = -_mm(i33, _mm(k30, i00) + _mm(k31, i10) + _mm(k32, i20))
+    i10 = -tl.dot(i11, tl.dot(k10, i00, input_precision=PREC), input_precision=PREC)
+    i21 = -tl.dot(i22, tl.dot(k21, i11, input_precision=PREC), input_precision=PREC)
+    i32 = -tl.dot(i33, tl.dot(k32, i22, input_precision=PREC), input_precision=PREC)
+    i20 = -tl.dot(i22, tl.dot(k20, i00, input_precision=PREC) + tl.dot(k21, i10, input_precision=PREC),
+                  input_precision=PREC)
+    i31 = -tl.dot(i33, tl.dot(k31, i11, input_precision=PREC) + tl.dot(k32, i21, input_precision=PREC),
+                  input_precision=PREC)
+    i30 = -tl.dot(i33, tl.dot(k30, i00, input_precision=PREC) + tl.dot(k31, i10, input_precision=PREC)
+                  + tl.dot(k32, i20, input_precision=PREC), input_precision=PREC)
     _set(ai, i00, c0, eos, 0, 0, HV, BT, BC)
     _set(ai, i10, c0, eos, 1, 0, HV, BT, BC)
     _set(ai, i11, c0, eos, 1, 1, HV, BT, BC)
@@ -128,7 +133,7 @@ def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.d
     ai = torch.empty_like(akk, dtype=out_dtype)
     qed_inverse_kernel[lay.grid](
         akk=akk, ai=ai, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        HV=HV, BT=BT, BC=BC, DT=lay.DT, num_warps=INVERSE_WARPS, num_stages=1,
+        HV=HV, BT=BT, BC=BC, DT=lay.DT, PREC=lay.prec, num_warps=INVERSE_WARPS, num_stages=1,
     )
     return ai
 

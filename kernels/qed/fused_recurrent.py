@@ -169,11 +169,25 @@ def qed_recurrent_kernel(
         tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
 
-def default_block_config(K: int, V: int, dtype: torch.dtype) -> tuple[int, int]:
-    """``(BV, num_warps)``: the value-slice width each program holds, and its warps (by rule from
-    ``K``, ``V`` and the state dtype; docs/BENCHMARKS.md has the decode measurements behind it)."""
-    BV = min(triton.next_power_of_2(V), 32 if dtype == torch.float32 else 16)
-    return BV, 4 if triton.next_power_of_2(K) * BV <= 4096 else 8
+def default_block_config(K: int, V: int, dtype: torch.dtype, states: int) -> tuple[int, int]:
+    """``(BV, num_warps)``: the value-slice width each program holds, and its warps, by rule from
+    ``K``, ``V``, the state dtype and the number of ``states`` (sequences x value heads).
+
+    Float32 states run in 2 warps, in value slices of 64 once there are at least
+    :data:`WIDE_SLICE_STATES` states (enough programs to fill the GPU; each then streams a larger
+    block of the state) and of 32 below, at most 8,192 state elements per program (a ``K = 256``
+    state takes slices half as wide). Float64 states keep slices of 16. docs/BENCHMARKS.md has
+    the decode screen behind it."""
+    BK = triton.next_power_of_2(K)
+    if dtype != torch.float32:
+        BV = min(triton.next_power_of_2(V), 16)
+        return BV, 4 if BK * BV <= 4096 else 8
+    BV = 64 if states >= WIDE_SLICE_STATES else 32
+    return min(BV, 8192 // BK, triton.next_power_of_2(V)), 2
+
+
+WIDE_SLICE_STATES = 256
+"""From this many states (sequences x value heads) on, float32 decode uses value slices of 64."""
 
 
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -248,7 +262,7 @@ def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=No
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
     if P.K > MAX_HEAD_DIM or P.V > MAX_HEAD_DIM:
         raise ValueError(f"qed_recurrent: K and V must be at most {MAX_HEAD_DIM}, got K={P.K}, V={P.V}")
-    launch = default_block_config(P.K, P.V, P.compute_dtype) if block_config is None \
+    launch = default_block_config(P.K, P.V, P.compute_dtype, P.N * P.HV) if block_config is None \
         else checked_block_config(block_config, P.V)
     contiguous = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return recurrent_fwd(*(x.contiguous() for x in (q, k, v, g, b, w, lam)), contiguous(z), contiguous(d),
