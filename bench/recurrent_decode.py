@@ -1,11 +1,18 @@
 """Decode-step timing: ``qed_recurrent`` (T=1, carried state) against fla's ``fused_recurrent_gdn2``.
 
     python bench/recurrent_decode.py            # needs CUDA; fla optional; writes $OUT/recurrent_decode.json
+    python bench/recurrent_decode.py --screen   # launch configurations of a decode step, by batch size
+
 
 ``bench_decode(B, H, K, V, dtype)`` returns microseconds per step: the median of
 ``triton.testing.do_bench`` (it includes any host-side gap between
 launches), the GPU-only time from CUDA-graph replays, and the host time per call; plus the
 relative error of ``o`` against ``qed_naive`` in float64 on the same inputs.
+
+``--screen`` times one decode step as a model's CUDA-graph decode runs it (the state updated in
+place, ``inplace_final_state=True``; 24 steps per graph replay) for every launch configuration of
+:data:`SCREEN_CONFIGS` at the batch sizes of :data:`SCREEN_SHAPES`: the measurements behind
+``default_block_config``.
 """
 from __future__ import annotations
 
@@ -21,6 +28,9 @@ from qedprobe.kernels.qed.fused_recurrent import default_block_config, qed_recur
 from qedprobe.kernels.qed.naive import qed_naive
 
 GRAPH_CALLS = 20
+SCREEN_SHAPES = ((1, 16), (16, 16), (64, 16), (20, 6), (64, 6), (128, 6), (256, 6), (500, 6))
+"""``(B, H)`` of the launch screen: the decode benchmark's and the 340M sweep's batch sizes (6 heads)."""
+SCREEN_CONFIGS = ((32, 4), (32, 2), (64, 2), (64, 4), (128, 4), (16, 2))
 
 
 def _inputs(B, T, H, K, V, dtype):
@@ -96,17 +106,47 @@ def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bflo
     return bench_recurrent(B, 1, H, K, V, dtype, block_config)
 
 
+def screen(K: int = 128, V: int = 128) -> list[dict]:
+    """Microseconds per in-place decode step (bf16 inputs, float32 state, CUDA-graph replay of 24
+    steps) per ``(B, H)`` of :data:`SCREEN_SHAPES` and ``(BV, num_warps)`` of :data:`SCREEN_CONFIGS`."""
+    rows = []
+    for B, H in SCREEN_SHAPES:
+        x = _inputs(B, 1, H, K, V, torch.bfloat16)
+        args = [x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")]
+        us = {}
+        for cfg in SCREEN_CONFIGS:
+            step = lambda c=cfg: qed_recurrent(*args, initial_state=x["h0"], output_final_state=True,  # noqa: E731
+                                               inplace_final_state=True, block_config=c)
+            step()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(24):
+                    step()
+            us[str(cfg)] = round(1e3 * do_bench(graph.replay, warmup=25, rep=150, return_mode="median") / 24, 2)
+        rows.append(dict(B=B, H=H, K=K, V=V, rule=str(default_block_config(K, V, torch.float32, B * H)), us=us))
+        print(f"B{B} H{H}: " + "  ".join(f"{c}={t}" for c, t in us.items()) + f"  (rule {rows[-1]['rule']})",
+              flush=True)
+    return rows
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("recurrent_decode: needs CUDA", file=sys.stderr)
         return 1
+    out = os.environ.get("OUT")
+    if "--screen" in sys.argv[1:]:
+        rows = screen()
+        if out:
+            with open(os.path.join(out, "decode_screen.json"), "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        return 0
     rows = [bench_decode(16, 16, 128, 128, torch.bfloat16), bench_decode(16, 16, 64, 64, torch.bfloat16),
             bench_decode(1, 16, 128, 128, torch.bfloat16), bench_decode(64, 16, 128, 128, torch.bfloat16),
             bench_recurrent(2, 1024, 16, 128, 128, torch.bfloat16)]
     # Sweep the launch configuration (BV, num_warps) on the benchmark shape and at B=64.
     for cfg in [(16, 4), (32, 8), (64, 8)]:
         rows += [bench_decode(16, 16, 128, 128, torch.bfloat16, cfg), bench_decode(64, 16, 128, 128, torch.bfloat16, cfg)]
-    out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "recurrent_decode.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
