@@ -77,6 +77,10 @@ def _set(A, x, r0, eos, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: 
     store_tile(A, x, rows, rows < eos, cols, cols < BT, HV * BT)
 
 
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    """``a @ b`` of two ``[BC, BC]`` blocks at ``tl.dot`` precision ``PREC``."""
+    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -101,15 +105,12 @@ def qed_inverse_kernel(
     k30 = _blk(akk, c0, eos, 3, 0, HV, BT, BC, DT)
     k31 = _blk(akk, c0, eos, 3, 1, HV, BT, BC, DT)
     k32 = _blk(akk, c0, eos, 3, 2, HV, BT, BC, DT)
-    i10 = -tl.dot(i11, tl.dot(k10, i00, input_precision=PREC), input_precision=PREC)
-    i21 = -tl.dot(i22, tl.dot(k21, i11, input_precision=PREC), input_precision=PREC)
-    i32 = -tl.dot(i33, tl.dot(k32, i22, input_precision=PREC), input_precision=PREC)
-    i20 = -tl.dot(i22, tl.dot(k20, i00, input_precision=PREC) + tl.dot(k21, i10, input_precision=PREC),
-                  input_precision=PREC)
-    i31 = -tl.dot(i33, tl.dot(k31, i11, input_precision=PREC) + tl.dot(k32, i21, input_precision=PREC),
-                  input_precision=PREC)
-    i30 = -tl.dot(i33, tl.dot(k30, i00, input_precision=PREC) + tl.dot(k31, i10, input_precision=PREC)
-                  + tl.dot(k32, i20, input_precision=PREC), input_precision=PREC)
+    i10 = -_mm(i11, _mm(k10, i00, PREC), PREC)
+    i21 = -_mm(i22, _mm(k21, i11, PREC), PREC)
+    i32 = -_mm(i33, _mm(k32, i22, PREC), PREC)
+    i20 = -_mm(i22, _mm(k20, i00, PREC) + _mm(k21, i10, PREC), PREC)
+    i31 = -_mm(i33, _mm(k31, i11, PREC) + _mm(k32, i21, PREC), PREC)
+    i30 = -_mm(i33, _mm(k30, i00, PREC) + _mm(k31, i10, PREC) + _mm(k32, i20, PREC), PREC)
     _set(ai, i00, c0, eos, 0, 0, HV, BT, BC)
     _set(ai, i10, c0, eos, 1, 0, HV, BT, BC)
     _set(ai, i11, c0, eos, 1, 1, HV, BT, BC)
