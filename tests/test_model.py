@@ -6,6 +6,7 @@ pytest.importorskip("transformer_lens", reason="the hooked model needs transform
 
 from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
 from qedprobe.model import QEDModel, strength
+from qedprobe.model import decode_step as decode_step_module
 from qedprobe.model import mixer as mixer_module
 
 from helpers import ids, tiny
@@ -283,6 +284,24 @@ def test_generate_applies_strength_to_its_phase(model, phase, prefill_s, decode_
         torch.testing.assert_close(lam, prefill_s * base)
     for lam in seen[2:]:
         torch.testing.assert_close(lam, decode_s * base)
+
+
+def test_generate_stop_check_read_late_gives_the_same_tokens(model, monkeypatch):
+    """The graph step's schedule (a stop check every few steps, each read at the next check) on
+    the eager step: the same tokens as reading each check at once, after one more round of steps."""
+    prompts = [[5, 17, 33], [44, 3], [7]]
+    free = model.generate(prompts, 12, return_type="new_tokens")
+    eos = [free[0][1], free[1][2], free[2][0]]
+    at_once = model.generate(prompts, 12, eos_token_id=eos)
+    monkeypatch.setattr(decode_step_module._EagerStep, "stop_check_every", 2)
+    calls = {}
+    for late in (False, True):
+        monkeypatch.setattr(decode_step_module._EagerStep, "stop_read_late", late)
+        seen = []
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_lambda", lambda lam, hook: seen.append(lam))]):
+            assert model.generate(prompts, 12, eos_token_id=eos) == at_once
+        calls[late] = len(seen)
+    assert calls[True] == calls[False] + 2  # the late read costs one more round of two steps
 
 
 def test_generate_eos_and_sampling(model):

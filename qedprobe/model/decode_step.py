@@ -38,8 +38,9 @@ CACHE_SIZE = 2
 """Captured graphs kept per model (a sweep alternates at most two batch sizes per length)."""
 
 STOP_CHECK_EVERY = 4
-"""Graph steps between two reads of generate's "has every prompt emitted EOS?" (a read
-synchronises; an eager step is read after every step)."""
+"""Graph steps between two of generate's "has every prompt emitted EOS?" checks. A graph step's
+check is read at the next check, when ``STOP_CHECK_EVERY`` more steps are queued behind it, so the
+read never leaves the GPU idle; an eager step's is read at once, after every step."""
 
 
 def graph_usable(model) -> bool:
@@ -61,6 +62,7 @@ def _copy(dst, src) -> None:
 
 class _EagerStep:
     stop_check_every = 1
+    stop_read_late = False
 
     def __init__(self, model, states, scales):
         self.model, self.states, self.scales = model, states, scales
@@ -75,6 +77,7 @@ class _GraphStep:
     """Static buffers and the captured step; :meth:`load` points it at a new batch."""
 
     stop_check_every = STOP_CHECK_EVERY
+    stop_read_late = True
 
     def __init__(self, model, states, scales):
         self.model = model

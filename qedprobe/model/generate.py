@@ -18,9 +18,11 @@ probability reaches ``top_p`` (Hugging Face's order and rule).
 The loop does not synchronise with the device per step: ids are checked once on the host
 before the prefill, new tokens stay on the device and come to the host once, at the end. When
 stopping at EOS, whether every prompt has stopped is read after every eager step (hooks see the
-steps they saw before) and every ``STOP_CHECK_EVERY`` graph steps. Tokens after a prompt's EOS
-are dropped and the output is cut to the longest kept continuation, so the result does not
-depend on how often that is read (only a sampling ``generator`` may advance by a few more draws).
+steps they saw before); graph steps are checked every ``STOP_CHECK_EVERY`` steps and each check
+is read at the next one, when more steps are queued, so the GPU is never left waiting on the
+host. Tokens after a prompt's EOS are dropped and the output is cut to the longest kept
+continuation, so the result does not depend on how often or how late that is read (only a
+sampling ``generator`` may advance by a few more draws).
 """
 from __future__ import annotations
 
@@ -153,6 +155,7 @@ def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph) -> to
     stop = torch.tensor(stop_ids, dtype=torch.long, device=model.device)
     step = decode_step(model, states, model.lam_scales("decode"), cuda_graph=cuda_graph) \
         if max_new_tokens > 1 else None
+    unread = None
     for i in range(max_new_tokens):
         tokens = next_tokens(last, **sampling)
         out[:, i] = tokens
@@ -160,10 +163,36 @@ def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph) -> to
             break
         if stop_ids:
             done |= torch.isin(tokens, stop)
-            if (i + 1) % step.stop_check_every == 0 and bool(done.all()):
-                return out[:, :i + 1]
+            if (i + 1) % step.stop_check_every == 0:
+                if step.stop_read_late:
+                    unread, check = _StopCheck(done), unread
+                else:
+                    check = _StopCheck(done)
+                if check is not None and check.all_stopped():
+                    return out[:, :i + 1]
         last = step(tokens)
     return out
+
+
+class _StopCheck:
+    """Whether every prompt had stopped (``done.all()``) when it was taken, readable later without
+    waiting for what the device queued since: on CUDA the flag goes to pinned host memory behind
+    an event, and reading it waits for that event only."""
+
+    def __init__(self, done: torch.Tensor):
+        self.event = None
+        if done.is_cuda:
+            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.flag.copy_(done.all(), non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flag = done.all()
+
+    def all_stopped(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.flag)
 
 
 def until_stop(rows: list[list[int]], stop_ids: tuple[int, ...]) -> list[list[int]]:
