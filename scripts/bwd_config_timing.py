@@ -1,11 +1,11 @@
 """Time the ``qed_chunk`` forward + backward (bench/kernels.py's main shape, B=8, T=4096, H=16,
-K=V=128, bf16) under launch settings of the backward kernels, and the backward scores kernel alone
-(torch.profiler, ms per call), to screen its warps and key slice for speed; correctness of the same
+K=V=128, bf16) under launch settings of the backward kernels, and the backward scores kernel and its
+``dg`` kernel alone (torch.profiler, ms per call), to screen its warps and key slice for speed; correctness of the same
 settings is screened by ``scripts/h200_bwd_configs.sh`` (float64 reference).
 
     python scripts/bwd_config_timing.py [--set chunk_bwd_intra.SCORES_BWD_WARPS=4 ...]
 
-Prints one ``timing`` line: the settings, the forward + backward ms and the kernel's ms per call.
+Prints one ``timing`` line: the settings, the forward + backward ms and the two kernels' ms per call.
 """
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ def main():
     x = inputs(MAIN["B"], MAIN["T"], MAIN["H"], MAIN["HV"], MAIN["K"], MAIN["V"])
     step = fwd_bwd(qed_fn, x, GRAD_WRT)
     total = ms(step)
-    kernel = sum(t for key, t in kernel_ms(step).items() if key.startswith("qed_bwd_scores_kernel"))
-    print(f"timing {' '.join(a.set) or 'defaults'}: fwd+bwd {total:.3f} ms, qed_bwd_scores_kernel {kernel:.3f} ms")
+    per = kernel_ms(step)
+    parts = ", ".join(f"{name} {sum(t for key, t in per.items() if key.startswith(name)):.3f} ms"
+                      for name in ("qed_bwd_scores_kernel", "qed_bwd_dg_kernel"))
+    print(f"timing {' '.join(a.set) or 'defaults'}: fwd+bwd {total:.3f} ms, {parts}")
 
 
 if __name__ == "__main__":
