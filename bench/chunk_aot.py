@@ -5,7 +5,8 @@ ptxas Triton itself uses for sm_90) and print shared memory, registers and spill
 
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
-``--warps``); ``bwd``: the four backward kernels the same way (bf16 inputs, or ``--fp32``). It reproduced the
+``--warps``); ``bwd``: the backward's prep (with the ``HATS`` its scores kernel loads) and the five backward
+kernels the same way (bf16 inputs, or ``--fp32``). It reproduced the
 device's shared-memory figure (294912 B for the float32 scan with two stages) exactly, so
 configurations can be screened here before spending device time.
 """
@@ -28,8 +29,9 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from qedprobe.kernels.qed import chunk_intra, chunk_wy
-from qedprobe.kernels.qed.chunk_bwd_intra import (SCORES_BWD_BKS, SCORES_BWD_WARPS, WY_BWD_BKS, WY_BWD_BVS,
-                                                   WY_BWD_WARPS, qed_bwd_scores_kernel, qed_bwd_wy_kernel)
+from qedprobe.kernels.qed.chunk_bwd_intra import (DG_BWD_BKS, DG_BWD_WARPS, SCORES_BWD_BKS, SCORES_BWD_WARPS,
+                                                   WY_BWD_BKS, WY_BWD_BVS, WY_BWD_WARPS, qed_bwd_dg_kernel,
+                                                   qed_bwd_scores_kernel, qed_bwd_wy_kernel)
 from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
@@ -71,6 +73,23 @@ def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 
     return info
 
 
+def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int | None):
+    """``qed_prep_kernel`` as the forward (``hats`` off) or the backward's rerun (``hats`` on,
+    probes off) launches it; ``io`` the inputs' and intermediates' type string."""
+    opt = lambda on, **kw: kw if on else {}  # noqa: E731
+    absent = lambda on, *names: {} if on else {n: None for n in names}  # noqa: E731
+    compile_(chunk_intra.qed_prep_kernel,
+             dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32", g="*fp32", rq="*fp32", rk="*fp32",
+                  cp="*fp32", gc="*fp32", kg=f"*{io}", qg=f"*{io}", ag=f"*{io}", gl="*fp32", scale="fp32",
+                  **opt(probes, dg=f"*{io}", rho="*fp32", eig="*fp32", d_out="*fp32"),
+                  **opt(hats, qs="*fp32", kh="*fp32", a_out="*fp32")),
+             dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
+                  chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
+                  PROBES=probes, HATS=hats, **absent(probes, "dg", "rho", "eig", "d_out"),
+                  **absent(hats, "qs", "kh", "a_out")),
+             warps or chunk_intra.PREP_WARPS)
+
+
 def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None, scores_bks: int | None = None,
             fp32: bool = False):
     """The forward kernels as ``qed_chunk`` launches them for bf16 inputs (intermediate buffers bf16,
@@ -83,13 +102,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                   chunk_indices=None, z=None, d_in=None)
     dirs = {"DIR_SOURCE": FULL["DIR_SOURCE"], "DIR_GATED": FULL["DIR_GATED"]}
     inputs = dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32")
-    compile_(chunk_intra.qed_prep_kernel,
-             dict(inputs, g="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", gc="*fp32", kg=f"*{io}", qg=f"*{io}",
-                  ag=f"*{io}", gl="*fp32", scale="fp32", **opt("dg", f"*{io}"), **opt("rho", "*fp32"), **opt("eig", "*fp32"),
-                  **opt("d_out", "*fp32")),
-             dict(common, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True, PROBES=probes,
-                  **absent("dg", "rho", "eig", "d_out")),
-             warps or chunk_intra.PREP_WARPS)
+    compile_prep(io, K, H, probes, hats=False, warps=warps)
     compile_(chunk_intra.qed_scores_kernel,
              dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
                   scale="fp32", **opt("adk", f"*{io}")),
@@ -125,12 +138,13 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):
-    """The four backward kernels as ``chunk_bwd`` launches them for bf16 inputs
+    """The backward's prep and its five kernels as ``chunk_bwd`` launches them for bf16 inputs
     (forward buffers bf16, float32 gradients and state) or, with ``fp32``, float32 inputs (tf32x3)."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
     print(f"--- backward, {io} inputs, float32 state, K={K} V={V}")
     ptr = lambda names, t: {n: t for n in names.split()}  # noqa: E731
     common = dict(HV=H, K=K, V=V, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None)
+    compile_prep(io, K, H, probes=False, hats=True, warps=warps)
     compile_(qed_dstate_kernel, dict(ptr("w kg qg aqk dh do", f"*{io}"), **ptr("gl dht dr dh0", "*fp32"), T="i32"),
              dict(common, BKP=min(STATE_BKP, K), BV=min(STATE_BV, V), WHILE_LOOP=False, USE_DHT=True,
                   chunk_offsets=None),
@@ -148,12 +162,14 @@ def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool =
                   chunk_indices=None),
              warps or PREP_BWD_WARPS)
     compile_(qed_bwd_scores_kernel,
-             dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32",
-                  **ptr("rq rk cp g daqk dakk dqg dkg dgl dag dq dk da dg", "*fp32"), T="i32", scale="fp32"),
-             dict(H=H, HV=H, K=K, BT=BT, BC=BC, BKS=min(SCORES_BWD_BKS, K), DIR_SOURCE=FULL["DIR_SOURCE"],
-                  DIR_GATED=FULL["DIR_GATED"], LAM_TOKEN=False, IS_VARLEN=False, DT=tl.float32, PREC=prec,
-                  z=None, d_in=None, cu_seqlens=None, chunk_indices=None),
+             dict(ptr("gc qs kh a daqk dakk dqg dkg dag dq dk da dgc dgk", "*fp32"), T="i32", scale="fp32"),
+             dict(HV=H, K=K, BT=BT, BC=BC, BKS=min(SCORES_BWD_BKS, K), IS_VARLEN=False, DT=tl.float32, PREC=prec,
+                  cu_seqlens=None, chunk_indices=None),
              warps or SCORES_BWD_WARPS)
+    compile_(qed_bwd_dg_kernel, dict(ptr("dgc dgk dgl gl dg", "*fp32"), T="i32"),
+             dict(HV=H, K=K, BT=BT, BC=BC, BKS=min(DG_BWD_BKS, K), IS_VARLEN=False, DT=tl.float32,
+                  cu_seqlens=None, chunk_indices=None),
+             warps or DG_BWD_WARPS)
 
 
 def main():

@@ -94,8 +94,8 @@ def main():
                                                         do=do, dht=dht, dh=dh, dr=dr, dh0=dh0, T=T, N=B))
     wg = _step("qed_bwd_wy_kernel", lambda: chunk_bwd_wy(lay, ai=intra.ai, w=wy.w, u=wy.u, r=r, hs=states, dh=dh,
                                                            do=do, dr=dr, v=x["v"], w_gate=x["w"]))
-    dq_hat, dk_hat, da, dg = _step("qed_bwd_scores_kernel", lambda: chunk_bwd_scores(
-        lay, xi, prep, g=x["g"], wy_grads=wg, scale=P.scale))
+    dq_hat, dk_hat, da, dg = _step("qed_bwd_scores_kernel, qed_bwd_dg_kernel", lambda: chunk_bwd_scores(
+        lay, prep, g=x["g"], wy_grads=wg, scale=P.scale))
     dq, dk, db, _dd, dlam = _step("qed_prep_bwd_kernel", lambda: chunk_prep_bwd(
         xi, lay, rq=prep.rq, rk=prep.rk, cp=prep.cp, gq=dq_hat, gk=dk_hat, ga=da))
     got = (dq, dk, wg.dv, dg, db, wg.dw, dlam.sum((0, 1)), dh0)

@@ -166,7 +166,7 @@ def test_no_kernel_is_autotuned():
     assert {"qed_prep_kernel", "qed_scores_kernel", "qed_inverse_kernel", "qed_wy_kernel", "qed_state_kernel",
             "qed_output_kernel",
             "qed_recurrent_kernel", "qed_dstate_kernel", "qed_bwd_wy_kernel", "qed_bwd_scores_kernel",
-            "qed_prep_bwd_kernel"} <= kernels
+            "qed_bwd_dg_kernel", "qed_prep_bwd_kernel"} <= kernels
 
 
 def test_rejects_bad_input():

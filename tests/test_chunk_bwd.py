@@ -67,6 +67,14 @@ def test_varlen():
     assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
 
 
+def test_varlen_several_heads_and_key_slices():
+    """Packed sequences with two heads and K = 80: several key slices of the scores and dg kernels
+    (the last partly masked), row blocks past a sequence's end, per-head offsets with varlen."""
+    x = chunk_inputs(B=1, T=130, H=2, K=80, V=16, seed=49, gmin=1.0)
+    cu = torch.tensor([0, 30, 97, 130], dtype=torch.int32, device=DEVICE)
+    assert_grads(x, dict(arm="full", cu_seqlens=cu), h0=state(x, 3))
+
+
 def test_several_key_and_value_slices():
     """K, V beyond one 32-channel slice (and not powers of two): per-slice loops and the
     per-value-block partial sums."""

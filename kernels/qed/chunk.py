@@ -110,9 +110,10 @@ def chunk_intra_recompute(x: DirectionInputs, v, w, g, aqk, ai, *, scale: float,
                           inter: torch.dtype) -> IntraChunk:
     """The backward's :class:`IntraChunk` from the forward's saved ``aqk`` and ``ai``: only the
     cheap launches run again (prep, W/U), not the score rows and the block inverse (as fla's
-    backward keeps ``A_qk`` and ``(I + A_kk)^{-1}`` and recomputes ``W, U, qg, kg``); ``G`` is not
-    stored (the backward's scores kernel forms it from ``g``)."""
-    prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=False, store_g=False)
+    backward keeps ``A_qk`` and ``(I + A_kk)^{-1}`` and recomputes ``W, U, qg, kg``); the prep also
+    writes ``scale q_hat, k_hat, a`` (state dtype), which the backward's scores kernel loads with
+    ``G`` instead of rebuilding them."""
+    prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=False, hats=True)
     return IntraChunk(prep=prep, aqk=aqk, adk=None, ai=ai, wy=chunk_wy_fwd(prep.ag, v, w, ai, lay=lay))
 
 

@@ -18,16 +18,25 @@ the residuals ``R`` of the recomputed forward scan and what ``chunk_bwd_scan`` p
         dG += dqg qg + d(a e^G) a e^G - dkg kg,  dG_last = sum_t dkg kg + dgamma gamma
     dg_t = sum_{s >= t} dG_s + dG_last                       (G is the cumsum of g)
 
-Two kernels, each behind a typed wrapper: ``qed_bwd_wy_kernel`` (:func:`chunk_bwd_wy`, one
-program per chunk and value head: every product over the value axis or over all keys, into
-:class:`WYGrads`), then ``qed_bwd_scores_kernel`` (:func:`chunk_bwd_scores`, one program per
-chunk, value head and key slice of ``BKS`` channels: the rest is channel-local once ``dA`` is
-known). The scores kernel walks the chunk's ``BC = 16``-token row blocks from the last: each
-block's score terms (off-diagonal blocks as tensor-core products with a reference point inside
-the pair, both decay factors <= 1; diagonal blocks with exact per-element decays
-``e^{G_t - G_j} <= 1``, ``t >= j``; so any ``g <= 0`` is safe), its elementwise terms, and its
-rows of ``dg`` with the later blocks' sum of ``dG`` carried, so every output is written once.
-Outputs: ``dq_hat`` (= ``scale dqs``), ``dk_hat``, ``da``, ``dg``, and ``dv, dw`` from ``d(wv)``.
+Three kernels, behind two typed wrappers. ``qed_bwd_wy_kernel`` (:func:`chunk_bwd_wy`, one
+program per chunk and value head): every product over the value axis or over all keys, into
+:class:`WYGrads`. Then :func:`chunk_bwd_scores`, once ``dA`` is known the rest is channel-local:
+
+* ``qed_bwd_scores_kernel``: one program per ``BC = 16``-token row block ``I`` of a chunk, value
+  head and key slice of ``BKS`` channels (fla's ``chunk_gdn2_bwd_kernel_intra`` layout). It loads
+  its block's ``G, qs, k_hat, a`` once (written by the backward's rerun of the prep, so nothing is
+  rebuilt) and forms the block's score terms: ``dqs, da`` from the earlier column blocks and
+  ``dk`` from the later row blocks as tensor-core products with one reference row per side (the
+  block's first row for the earlier blocks, its last for the later ones, so both decay factors of
+  every pair are <= 1), the diagonal block exactly (per row ``i``: row ``i`` of ``k_hat, qs, a,
+  G`` and column / row ``i`` of ``dA_qk, dA_kk`` loaded, one tile of decays ``e^{-|G_t - G_i|}
+  <= 1`` formed per element serving both the column and the row), so any ``g <= 0`` is safe;
+  then the elementwise terms. It writes the block's ``dq_hat`` (= ``scale dqs``), ``dk_hat``,
+  ``da``, its rows of ``dG`` and its rows' sum of ``dkg kg``.
+* ``qed_bwd_dg_kernel``: one program per chunk, value head and key slice: ``dG_last`` (the row
+  blocks' sums and ``dgamma gamma``) and ``dg``, the reverse cumsum of ``dG`` plus ``dG_last``.
+
+Outputs: ``dq_hat``, ``dk_hat``, ``da``, ``dg``, and ``dv, dw`` from ``d(wv)``.
 """
 from __future__ import annotations
 
@@ -37,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, load_tile, shifted, store_tile, tile_row
-from .chunk_intra import DirectionInputs, Prepared, erase_rows, row_scalars
+from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, load_tile, shifted, store_tile
+from .chunk_intra import Prepared
 
 WY_BWD_BKS = 32
 WY_BWD_BVS = 16
@@ -49,123 +58,100 @@ sm_90 build of the eight-warp kernel reads shared memory out of bounds (float32)
 (docs/BENCHMARKS.md)."""
 
 SCORES_BWD_BKS = 32
-SCORES_BWD_WARPS = 1
-"""Key slice and warps of ``qed_bwd_scores_kernel``, by rule: one warp per ``[16, 32]`` tile.
-The kernel's tiles are ``BC x BKS`` (16 tokens by 32 channels) and its diagonal blocks reduce
-over a tile's rows and columns at every one of their 16 steps; with more warps than the tile
-needs, each reduction crosses warps through shared memory and a barrier, so fewer warps are
-faster (``scripts/bwd_config_timing.py``; docs/BENCHMARKS.md has the screen). Its row blocks are
-walked by runtime loops: unrolled, they needed more registers than 8 warps have."""
+SCORES_BWD_WARPS = 4
+"""Key slice and warps of ``qed_bwd_scores_kernel``, by rule: its tiles are ``[BC, BKS]`` =
+``[16, 32]`` (4 elements a thread at four warps), its work elementwise on them and ``[16, 16] x
+[16, 32]`` products, with one reduction (a block's sum of ``dkg kg`` over its 16 rows) made once.
+For sm_90 (``bench/chunk_aot.py bwd``) ptxas gives the four-warp kernel 128 registers and no
+spills at tf32 (157 at tf32x3), where two warps take all 255 and spill and one spills more.
+Slices of 32 as fla's intra backward; 64 would halve the re-reads of ``dA`` (once per key slice)
+at 255 registers."""
+
+DG_BWD_BKS = 32
+DG_BWD_WARPS = 4
+"""Key slice and warps of ``qed_bwd_dg_kernel``: one ``[BT, 32]`` tile of ``dG`` per program (16
+elements a thread; 87 registers, where a slice of 64 takes 144), read once and written once as
+``dg``."""
 
 
 @triton.jit
-def _score_terms(qs, kh, a, G, dAqk, dAkk, o_t, BT: tl.constexpr):
-    """Exact gradients of the score blocks w.r.t. qs, a, k on one ``[BT, BKS]`` diagonal block.
+def _diag_terms(gc, qs, kh, a, daqk, dakk, G, r_s, rI, mI, nI, cols, m_c, c_I, HV: tl.constexpr, K: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr):
+    """Score terms of the diagonal block (rows ``rI`` = ``r_s + 0..BC-1``, the first ``nI`` valid;
+    ``G`` their ``[BC, BKS]`` tile; ``c_I`` the block's first column in ``dA``): ``dqs, da`` of
+    its rows from its columns and ``dk`` of its rows from its rows, with exact decays.
 
-    ``dAqk`` / ``dAkk`` are the block's ``[BT, BT]`` gradients (already masked); decays are formed
-    per element, ``e^{G_t - G_j} <= 1`` for ``t >= j``.
-    """
-    dqp = qs * 0.
-    dap = qs * 0.
-    dkp = qs * 0.
-    for j in range(BT):
-        sel = o_t == j
-        gj = tl.sum(tl.where(sel[:, None], G, 0.), 0)
-        kj = tl.sum(tl.where(sel[:, None], kh, 0.), 0)
-        e = tl.where(o_t[:, None] >= j, tl.exp(tl.minimum(G - gj[None, :], 0.)), 0.)
-        cq = tl.sum(tl.where(sel[None, :], dAqk, 0.), 1)[:, None] * e
-        ca = tl.sum(tl.where(sel[None, :], dAkk, 0.), 1)[:, None] * e
-        dqp += cq * kj[None, :]
-        dap += ca * kj[None, :]
-        dkj = tl.sum(cq * qs + ca * a, 0)
-        dkp = tl.where(sel[:, None], dkp + dkj[None, :], dkp)
-    return dqp, dap, dkp
-
-
-@triton.jit
-def _block_G(g, g_f, rows, m_r, cols, m_c, o_t, J, HV: tl.constexpr, K: tl.constexpr,
-             BC: tl.constexpr, DT: tl.constexpr):
-    """The within-chunk cumsum ``G`` on row block ``J`` (``BC`` tokens) of the chunk's ``g_f``."""
-    prefix = tl.sum(tl.where(o_t[:, None] < J * BC, g_f, 0.), 0)
-    return tl.cumsum(load_tile(g, rows, m_r, cols, m_c, HV * K, DT), 0) + prefix[None, :]
-
-
-@triton.jit
-def _k_hat(k, rk, rows, m_r, cols, m_c, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, DT: tl.constexpr):
-    """The normalised key ``k_hat = rk k`` on ``[rows, cols]`` (``rk`` this value head's)."""
-    r = tl.load(rk + rows * HV, mask=m_r, other=0.).to(DT)
-    return load_tile(k, rows, m_r, cols, m_c, H * K, DT) * r[:, None]
-
-
-@triton.jit
-def _hats(q, k, b, z, d_in, rq, rk, cp, lam, rows, m_r, cols, m_c, H: tl.constexpr, HV: tl.constexpr,
-          K: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, LAM_TOKEN: tl.constexpr,
-          DT: tl.constexpr):
-    """``q_hat, k_hat`` and the erase vector ``a`` on ``[rows, cols]``, rebuilt from the raw inputs
-    and the forward prep's row scalars (as ``chunk_intra.qed_scores_kernel`` does)."""
-    b_rq, b_rk, b_c, b_lam = row_scalars(rq, rk, cp, lam, rows, m_r, HV, LAM_TOKEN, DT)
-    b_q, b_k, b_a, _d = erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, b_rq, b_rk, b_c, b_lam, H, HV, K,
-                                   DIR_SOURCE, DIR_GATED, DT)
-    return b_q, b_k, b_a
-
-
-@triton.jit
-def _dblock(D, rows, m_r, I, J, H: tl.constexpr, BT: tl.constexpr,
-            BC: tl.constexpr, DT: tl.constexpr):
-    """Block ``(I, J)`` (``BC x BC``) of a ``[BT, BT]``-per-chunk score gradient."""
-    cols = J * BC + tl.arange(0, BC)
-    return load_tile(D, rows, m_r, cols, cols < BT, H * BT, DT)
-
-
-@triton.jit
-def _block_terms(q, k, b, z, d_in, rq, rk, cp, lam, g, DAQK, DAKK, g_f, r0, eos, cols, m_c, o_t, scale,
-                 I, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                 BC: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, LAM_TOKEN: tl.constexpr,
-                 DT: tl.constexpr, PREC: tl.constexpr):
-    """Score-term gradients of row block ``I``: ``dqs, da`` (from column blocks ``J <= I``) and
-    ``dk`` (from row blocks ``I' >= I``), returned with the block's ``qs, k_hat, a, G`` tiles.
-
-    Off-diagonal blocks are products with the reference point ``s`` = first row of the later
-    block: ``e^{G_t - G_j} = e^{G_t - G_s} e^{G_s - G_j}``, both factors <= 1; diagonal blocks use
-    exact per-element decays (:func:`_score_terms`).
+    Step ``i`` loads row ``i`` of ``G, k_hat, qs, a`` (``[BKS]``) and column ``i`` and row ``i``
+    of the block of ``dA_qk, dA_kk`` (``[BC]``), and forms one tile of decays
+    ``E[r] = e^{-|G_r - G_i|}``: ``e^{G_r - G_i}`` for ``r >= i``, ``e^{G_i - G_r}`` for ``r <= i``
+    (``G`` does not increase), every one <= 1. Then per element
+    ``dx_r += dA[r,i] k_i E[r]`` (the terms ``r >= i``) and
+    ``dk_r += (dA_qk[i,r] qs_i + dA_kk[i,r] a_i) E[r]`` (the terms ``r <= i``): the other half of
+    each is zero as loaded, as ``dA_qk`` is stored with zeros above the diagonal and ``dA_kk``
+    strictly lower; rows past the end have ``dA`` masked to 0.
     """
     o_c = tl.arange(0, BC)
-    rI = r0 + I * BC + o_c
-    mI = rI < eos
-    qI, kI, aI = _hats(q, k, b, z, d_in, rq, rk, cp, lam, rI, mI, cols, m_c, H, HV, K, DIR_SOURCE, DIR_GATED,
-                       LAM_TOKEN, DT)
-    qI = qI * scale
-    GI = _block_G(g, g_f, rI, mI, cols, m_c, o_t, I, HV, K, BC, DT)
-    causal = o_c[:, None] >= o_c[None, :]
-    dq, da, dk = _score_terms(qI, kI, aI, GI,
-                              tl.where(causal, _dblock(DAQK, rI, mI, I, I, HV, BT, BC, DT), 0.),
-                              tl.where(o_c[:, None] > o_c[None, :], _dblock(DAKK, rI, mI, I, I, HV, BT, BC, DT), 0.),
-                              o_c, BC)
-    sI = tile_row(GI, 0, BC)
-    accq = dq * 0.
-    acca = dq * 0.
+    dq = G * 0.
+    da = G * 0.
+    dk = G * 0.
+    for i in range(nI):
+        r_i = (r_s + i) * (HV * K) + cols
+        g_i = tl.load(gc + r_i, mask=m_c, other=0.).to(DT)
+        k_i = tl.load(kh + r_i, mask=m_c, other=0.).to(DT)
+        q_i = tl.load(qs + r_i, mask=m_c, other=0.).to(DT)
+        a_i = tl.load(a + r_i, mask=m_c, other=0.).to(DT)
+        colq = tl.load(daqk + rI * (HV * BT) + c_I + i, mask=mI, other=0.).to(DT)
+        cola = tl.load(dakk + rI * (HV * BT) + c_I + i, mask=mI, other=0.).to(DT)
+        rowq = tl.load(daqk + (r_s + i) * (HV * BT) + c_I + o_c).to(DT)
+        rowa = tl.load(dakk + (r_s + i) * (HV * BT) + c_I + o_c).to(DT)
+        E = tl.exp(-tl.abs(G - g_i[None, :]))
+        ke = E * k_i[None, :]
+        dq += colq[:, None] * ke
+        da += cola[:, None] * ke
+        dk += E * (rowq[:, None] * q_i[None, :] + rowa[:, None] * a_i[None, :])
+    return dq, da, dk
+
+
+@triton.jit
+def _earlier_blocks(gc, kh, daqk, dakk, G, gs, r0, eos, rI, mI, I, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
+                    BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """``dqs, da`` of row block ``I`` from the column blocks ``J < I``:
+    ``e^{G_t - G_s} sum_J dA_IJ (k_J e^{G_s - G_J})`` with ``s`` the block's first row (``gs``
+    its ``G``), both factors <= 1; products at ``PREC``."""
+    o_c = tl.arange(0, BC)
+    accq = G * 0.
+    acca = G * 0.
     for J in range(I):
         rJ = r0 + J * BC + o_c
         mJ = rJ < eos
-        GJ = _block_G(g, g_f, rJ, mJ, cols, m_c, o_t, J, HV, K, BC, DT)
-        ke = _k_hat(k, rk, rJ, mJ, cols, m_c, H, HV, K, DT) * tl.exp(sI[None, :] - GJ)
-        accq += tl.dot(_dblock(DAQK, rI, mI, I, J, HV, BT, BC, DT), ke, input_precision=PREC)
-        acca += tl.dot(_dblock(DAKK, rI, mI, I, J, HV, BT, BC, DT), ke, input_precision=PREC)
-    eI = tl.exp(GI - sI[None, :])
-    dq += eI * accq
-    da += eI * acca
-    for I2 in range(I + 1, BT // BC):
+        ke = load_tile(kh, rJ, mJ, cols, m_c, HV * K, DT) * tl.exp(gs[None, :] - load_tile(gc, rJ, mJ, cols, m_c,
+                                                                                            HV * K, DT))
+        cJ = J * BC + o_c
+        accq += tl.dot(load_tile(daqk, rI, mI, cJ, cJ < BT, HV * BT, DT), ke, input_precision=PREC)
+        acca += tl.dot(load_tile(dakk, rI, mI, cJ, cJ < BT, HV * BT, DT), ke, input_precision=PREC)
+    e = tl.exp(tl.where(mI[:, None], G - gs[None, :], float("-inf")))
+    return e * accq, e * acca
+
+
+@triton.jit
+def _later_blocks(gc, qs, a, daqk, dakk, G, gn, r0, eos, mI, I, nb, cols, m_c, HV: tl.constexpr, K: tl.constexpr,
+                  BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """``dk`` of row block ``I`` from the row blocks ``I2 > I`` (of the chunk's ``nb`` with rows):
+    ``e^{G_n - G_j} sum_I2 dA_{I2,I}^T (x_I2 e^{G_I2 - G_n})`` summed over ``(x, dA) = (qs, dA_qk),
+    (a, dA_kk)``, with ``n`` the block's last row (``gn`` its ``G``), both factors <= 1;
+    ``dA_{I2,I}^T`` is loaded transposed; products at ``PREC``."""
+    o_c = tl.arange(0, BC)
+    cI = I * BC + o_c
+    acc = G * 0.
+    for I2 in range(I + 1, nb):
         r2 = r0 + I2 * BC + o_c
         m2 = r2 < eos
-        q2, _k2, a2 = _hats(q, k, b, z, d_in, rq, rk, cp, lam, r2, m2, cols, m_c, H, HV, K, DIR_SOURCE, DIR_GATED,
-                            LAM_TOKEN, DT)
-        G2 = _block_G(g, g_f, r2, m2, cols, m_c, o_t, I2, HV, K, BC, DT)
-        s2 = tile_row(G2, 0, BC)
-        e2 = tl.exp(G2 - s2[None, :])
-        acc = (tl.dot(tl.trans(_dblock(DAQK, r2, m2, I2, I, HV, BT, BC, DT)), q2 * scale * e2, input_precision=PREC)
-               + tl.dot(tl.trans(_dblock(DAKK, r2, m2, I2, I, HV, BT, BC, DT)), a2 * e2, input_precision=PREC))
-        dk += tl.exp(s2[None, :] - GI) * acc
-    return dq, da, dk, qI, kI, aI, GI
+        e2 = tl.exp(tl.where(m2[:, None], load_tile(gc, r2, m2, cols, m_c, HV * K, DT) - gn[None, :], float("-inf")))
+        dAq = tl.load(daqk + r2[None, :] * (HV * BT) + cI[:, None], mask=m2[None, :], other=0.).to(DT)
+        dAa = tl.load(dakk + r2[None, :] * (HV * BT) + cI[:, None], mask=m2[None, :], other=0.).to(DT)
+        acc += tl.dot(dAq, load_tile(qs, r2, m2, cols, m_c, HV * K, DT) * e2, input_precision=PREC)
+        acc += tl.dot(dAa, load_tile(a, r2, m2, cols, m_c, HV * K, DT) * e2, input_precision=PREC)
+    return tl.exp(tl.where(mI[:, None], gn[None, :] - G, float("-inf"))) * acc
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -234,72 +220,94 @@ def qed_bwd_wy_kernel(
     store_tile(dakk, tl.where(o_t[:, None] > o_t[None, :], b_dakk, 0.), rows, m_t, o_t, o_t < BT, HV * BT)
 
 
-@triton.jit
-def _chunk_dgl(k, rk, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, H: tl.constexpr, HV: tl.constexpr,
-               K: tl.constexpr, DT: tl.constexpr):
-    """``dG_last`` of the chunk's key slice, ``sum_t dkg k_hat e^{G_last - G} + dgamma gamma``, and
-    ``G_last``."""
-    G = tl.cumsum(g_f, 0)
-    gl = tl.sum(g_f, 0)
-    ekl = tl.where(m_t[:, None], tl.exp(gl[None, :] - G), 0.)
-    kgd = load_tile(dkg, rows, m_t, cols, m_c, HV * K, DT) * _k_hat(k, rk, rows, m_t, cols, m_c, H, HV, K, DT) * ekl
-    dgam = tl.load(dgl + (i_g * HV + i_hv) * K + cols, mask=m_c, other=0.).to(DT)
-    return tl.sum(kgd, 0) + dgam * tl.exp(gl), gl
-
-
-@triton.heuristics({
-    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
-})
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
 @triton.jit(do_not_specialize=["T"])
 def qed_bwd_scores_kernel(
-    q, k, b, lam, z, d_in, rq, rk, cp, g, daqk, dakk, dqg, dkg, dgl, dag, dq, dk, da, dg,
+    gc, qs, kh, a, daqk, dakk, dqg, dkg, dag, dq, dk, da, dgc, dgk,
     cu_seqlens, chunk_indices, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
-    DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk and key slice ``i_k = program_id(2)``, row block by row block from the last:
-    the score terms, the elementwise terms, and ``dg`` as the reverse cumsum of ``dG`` (the
-    later blocks' sum carried) plus ``dG_last``. ``q_hat, k_hat, a`` are rebuilt from the raw
-    inputs and the forward prep's row scalars; the outputs are per value head."""
-    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
-    i_k = tl.program_id(2)
-    o_t = tl.arange(0, BT)
-    rows = bos + i_t * BT + o_t
-    m_t = rows < eos
-    daqk, dakk = shifted((daqk, dakk), i_hv * BT)
-    q, k = shifted((q, k), (i_hv // (HV // H)) * K)
-    b, g, dqg, dkg, dag, dq, dk, da, dg = shifted((b, g, dqg, dkg, dag, dq, dk, da, dg), i_hv * K)
-    rq, rk, cp, lam = shifted((rq, rk, cp, lam), i_hv)
-    if z is not None:
-        z += i_hv * K
-    if d_in is not None:
-        d_in += i_hv * K
+    """Row block ``I`` of one chunk on one key slice ``i_k``, grid ``(chunks x BT // BC x key
+    slices, B * HV)`` with the blocks and slices of a chunk next to each other in axis 0 (so the
+    programs that re-read a chunk's tiles run together): the block's score terms
+    (:func:`_diag_terms`, :func:`_earlier_blocks`, :func:`_later_blocks`) and elementwise terms.
+    Writes ``dq, dk, da`` and ``dgc`` (``dG``) on the block's rows and ``dgk`` (``[NC, HV, BT //
+    BC, K]``): the block's sum over its rows of ``dkg kg``, a term of ``dG_last``."""
+    NB: tl.constexpr = BT // BC
+    NK: tl.constexpr = (K + BKS - 1) // BKS
+    i_x = tl.program_id(0)
+    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // (NB * NK), tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
+                                        IS_VARLEN)
+    I = i_x % NB
+    i_k = (i_x // NB) % NK
     r0 = bos + i_t * BT
-    cols, m_c = channel_slice(i_k, BKS, K)
-    g_f = load_tile(g, rows, m_t, cols, m_c, HV * K, DT)
-    dG_last, gl = _chunk_dgl(k, rk, dkg, dgl, g_f, rows, m_t, cols, m_c, i_g, i_hv, H, HV, K, DT)
-    carry = dG_last
+    r_s = r0 + I * BC
+    if r_s >= eos:
+        return
+    daqk, dakk = shifted((daqk, dakk), i_hv * BT)
+    gc, qs, kh, a, dqg, dkg, dag, dq, dk, da, dgc = shifted((gc, qs, kh, a, dqg, dkg, dag, dq, dk, da, dgc), i_hv * K)
     o_c = tl.arange(0, BC)
-    for i_b in range(BT // BC):
-        I = BT // BC - 1 - i_b
-        dqp, dap, dkp, qs, kh, ah, G = _block_terms(q, k, b, z, d_in, rq, rk, cp, lam, g, daqk, dakk, g_f, r0, eos,
-                                                   cols, m_c, o_t, scale, I, H, HV, K, BT, BC, DIR_SOURCE,
-                                                   DIR_GATED, LAM_TOKEN, DT, PREC)
-        rI = r0 + I * BC + o_c
-        mI = rI < eos
-        eg = tl.where(mI[:, None], tl.exp(G), 0.)
-        ekl = tl.where(mI[:, None], tl.exp(gl[None, :] - G), 0.)
-        b_dqg = load_tile(dqg, rI, mI, cols, m_c, HV * K, DT)
-        b_dkg = load_tile(dkg, rI, mI, cols, m_c, HV * K, DT)
-        b_dag = load_tile(dag, rI, mI, cols, m_c, HV * K, DT)
-        dG = (b_dqg * qs + b_dag * ah) * eg - b_dkg * kh * ekl + qs * dqp + ah * dap - kh * dkp
-        store_tile(dq, (b_dqg * eg + dqp) * scale, rI, mI, cols, m_c, HV * K)
-        store_tile(da, b_dag * eg + dap, rI, mI, cols, m_c, HV * K)
-        store_tile(dk, b_dkg * ekl + dkp, rI, mI, cols, m_c, HV * K)
-        store_tile(dg, tl.cumsum(dG, 0, reverse=True) + carry[None, :], rI, mI, cols, m_c, HV * K)
-        carry += tl.sum(dG, 0)
+    rI = r_s + o_c
+    mI = rI < eos
+    nI = tl.minimum(eos - r_s, BC)                     # valid rows of the block
+    nb = tl.cdiv(tl.minimum(eos - r0, BT), BC)         # row blocks of the chunk with rows
+    cols, m_c = channel_slice(i_k, BKS, K)
+    S: tl.constexpr = HV * K
+    G = load_tile(gc, rI, mI, cols, m_c, S, DT)
+    b_qs = load_tile(qs, rI, mI, cols, m_c, S, DT)
+    b_kh = load_tile(kh, rI, mI, cols, m_c, S, DT)
+    b_a = load_tile(a, rI, mI, cols, m_c, S, DT)
+    gs = tl.load(gc + r_s * S + cols, mask=m_c, other=0.).to(DT)                     # block's first row
+    gn = tl.load(gc + (r_s + nI - 1) * S + cols, mask=m_c, other=0.).to(DT)          # its last
+    g_last = tl.load(gc + (tl.minimum(r0 + BT, eos) - 1) * S + cols, mask=m_c, other=0.).to(DT)  # chunk's last
+
+    dqs, das, dks = _diag_terms(gc, qs, kh, a, daqk, dakk, G, r_s, rI, mI, nI, cols, m_c, I * BC, HV, K, BT, BC, DT)
+    eq, ea = _earlier_blocks(gc, kh, daqk, dakk, G, gs, r0, eos, rI, mI, I, cols, m_c, HV, K, BT, BC, DT, PREC)
+    dqs += eq
+    das += ea
+    dks += _later_blocks(gc, qs, a, daqk, dakk, G, gn, r0, eos, mI, I, nb, cols, m_c, HV, K, BT, BC, DT, PREC)
+
+    # ---- elementwise terms
+    eg = tl.exp(tl.where(mI[:, None], G, float("-inf")))
+    ekl = tl.exp(tl.where(mI[:, None], g_last[None, :] - G, float("-inf")))
+    b_dqg = load_tile(dqg, rI, mI, cols, m_c, S, DT)
+    b_dkg = load_tile(dkg, rI, mI, cols, m_c, S, DT)
+    b_dag = load_tile(dag, rI, mI, cols, m_c, S, DT)
+    kgd = b_dkg * b_kh * ekl
+    dG = (b_dqg * b_qs + b_dag * b_a) * eg - kgd + b_qs * dqs + b_a * das - b_kh * dks
+    store_tile(dq, (b_dqg * eg + dqs) * scale, rI, mI, cols, m_c, S)
+    store_tile(da, b_dag * eg + das, rI, mI, cols, m_c, S)
+    store_tile(dk, b_dkg * ekl + dks, rI, mI, cols, m_c, S)
+    store_tile(dgc, dG, rI, mI, cols, m_c, S)
+    tl.store(dgk + ((i_g * HV + i_hv) * NB + I) * K + cols, tl.sum(kgd, 0).to(dgk.dtype.element_ty), mask=m_c)
+
+
+@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def qed_bwd_dg_kernel(
+    dgc, dgk, dgl, gl, dg, cu_seqlens, chunk_indices, T,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+):
+    """Per chunk and key slice ``program_id(2)``: ``dg_t = sum_{s >= t} dG_s + dG_last`` from
+    ``qed_bwd_scores_kernel``'s ``dG`` rows (``dgc``), with ``dG_last`` = its row blocks' sums of
+    ``dkg kg`` (``dgk``, only blocks with rows) + ``dgamma gamma`` (``dgl``, and ``gl`` = ``gamma
+    = e^{G_last}`` from the prep)."""
+    NB: tl.constexpr = BT // BC
+    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    cols, m_c = channel_slice(tl.program_id(2), BKS, K)
+    r0 = bos + i_t * BT
+    rows = r0 + tl.arange(0, BT)
+    m_t = rows < eos
+    o_b = tl.arange(0, NB)
+    p = i_g * HV + i_hv
+    part = tl.load(dgk + (p * NB + o_b[:, None]) * K + cols[None, :],
+                   mask=(r0 + o_b * BC < eos)[:, None] & m_c[None, :], other=0.).to(DT)
+    d_last = (tl.sum(part, 0) + tl.load(dgl + p * K + cols, mask=m_c, other=0.).to(DT)
+              * tl.load(gl + p * K + cols, mask=m_c, other=0.).to(DT))
+    dG = load_tile(dgc + i_hv * K, rows, m_t, cols, m_c, HV * K, DT)
+    store_tile(dg + i_hv * K, tl.cumsum(dG, 0, reverse=True) + d_last[None, :], rows, m_t, cols, m_c, HV * K)
 
 
 @dataclass(frozen=True)
@@ -339,21 +347,34 @@ def chunk_bwd_wy(lay: ChunkLayout, *, ai, w, u, r, hs, dh, do, dr, v, w_gate) ->
     return out
 
 
-def chunk_bwd_scores(lay: ChunkLayout, x: DirectionInputs, prep: Prepared, *, g, wy_grads: WYGrads, scale: float):
-    """Launch ``qed_bwd_scores_kernel`` (grid: chunks x value heads x key slices) on the call's
-    direction inputs ``x``, the forward prep's row scalars, the log-decay ``g`` ``[B, T, HV, K]``
-    and :func:`chunk_bwd_wy`'s gradients; returns ``(dq_hat, dk_hat, da, dg)`` per value head
-    ``[B, T, HV, K]`` (state dtype; ``dg`` in ``g``'s)."""
+def chunk_bwd_scores(lay: ChunkLayout, prep: Prepared, *, g, wy_grads: WYGrads, scale: float):
+    """Launch ``qed_bwd_scores_kernel`` (grid: chunks x ``BT // BC`` row blocks x key slices,
+    value heads) on the backward prep's ``G, qs, k_hat, a`` (``Prepared.gc, qs, kh, a``) and
+    :func:`chunk_bwd_wy`'s gradients, then ``qed_bwd_dg_kernel`` (grid: chunks x value heads x
+    key slices); returns ``(dq_hat, dk_hat, da, dg)`` per value head ``[B, T, HV, K]`` (state
+    dtype; ``dg`` in the dtype of the log-decay ``g``)."""
     B, T, HV, K = g.shape
+    NB = BT // BC
+    if NB * BC != BT or NB & (NB - 1):
+        raise ValueError(f"qed_bwd_scores_kernel splits a chunk of BT = {BT} rows into a power of two of "
+                         f"BC = {BC}-row blocks")
+    if prep.kh is None:
+        raise ValueError("chunk_bwd_scores needs the prep's qs, kh, a (chunk_prep_fwd(..., hats=True))")
+    ct, dev = lay.state_dtype, g.device
     BKS = min(SCORES_BWD_BKS, triton.next_power_of_2(K))
-    dq, dk, da = (torch.empty(B, T, HV, K, device=g.device, dtype=lay.state_dtype) for _ in range(3))
-    dg = torch.empty_like(g)
+    dq, dk, da, dgc = (torch.empty(B, T, HV, K, device=dev, dtype=ct) for _ in range(4))
+    dgk = torch.empty(lay.NC, HV, NB, K, device=dev, dtype=ct)
     w = wy_grads
-    qed_bwd_scores_kernel[(*lay.grid, triton.cdiv(K, BKS))](
-        q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, rq=prep.rq, rk=prep.rk, cp=prep.cp, g=g,
-        daqk=w.daqk, dakk=w.dakk, dqg=w.dqg, dkg=w.dkg, dgl=w.dgl, dag=w.dag, dq=dq, dk=dk, da=da, dg=dg,
-        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
-        H=x.q.shape[2], HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DIR_SOURCE=x.flags["DIR_SOURCE"],
-        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=SCORES_BWD_WARPS, num_stages=1,
+    qed_bwd_scores_kernel[(lay.grid[0] * NB * triton.cdiv(K, BKS), lay.grid[1])](
+        gc=prep.gc, qs=prep.qs, kh=prep.kh, a=prep.a, daqk=w.daqk, dakk=w.dakk, dqg=w.dqg, dkg=w.dkg, dag=w.dag,
+        dq=dq, dk=dk, da=da, dgc=dgc, dgk=dgk, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        scale=scale, HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, PREC=lay.prec, num_warps=SCORES_BWD_WARPS,
+        num_stages=1,
+    )
+    dg = torch.empty_like(g)
+    BKS = min(DG_BWD_BKS, triton.next_power_of_2(K))
+    qed_bwd_dg_kernel[(*lay.grid, triton.cdiv(K, BKS))](
+        dgc=dgc, dgk=dgk, dgl=w.dgl, gl=prep.gl, dg=dg, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices,
+        T=T, HV=HV, K=K, BT=BT, BC=BC, BKS=BKS, DT=lay.DT, num_warps=DG_BWD_WARPS, num_stages=1,
     )
     return dq, dk, da, dg

@@ -1,12 +1,12 @@
 """Shared pieces of the ``qed_chunk`` kernels (forward and backward): the chunk sizes, the host
 side :class:`ChunkLayout` of one call, and ``@triton.jit`` helpers.
 
-Where a program's chunk or sequence lies (``chunk_position`` for the per-chunk kernels,
-``scan_program`` / ``sequence_span`` for the per-sequence scans), the index ranges, masks and
-offsets built from that (``channel_slice``, ``scan_ranges``, ``chunk_rows``, ``state_block``),
+Where a program's chunk or sequence lies (``chunk_position`` / ``chunk_at`` for the per-chunk
+kernels, ``scan_program`` / ``sequence_span`` for the per-sequence scans), the index ranges, masks
+and offsets built from that (``channel_slice``, ``scan_ranges``, ``chunk_rows``, ``state_block``),
 pointers moved to one head (``shifted``), and masked loads and stores of 2-D tiles (``load_tile``,
-``store_tile``, ``tile_row``). They compute only indices, masks and pointers (no arithmetic on the data)
-and Triton inlines them into the kernels that call them.
+``store_tile``). They compute only indices, masks and pointers (no arithmetic on the data) and
+Triton inlines them into the kernels that call them.
 
 Per-token tensors are laid out ``[B * T, H, N]`` (row stride ``H * N``); states ``[.., K, V]``.
 """
@@ -98,13 +98,6 @@ def store_tile(ptr, x, rows, m_r, cols, m_c, stride):
 
 
 @triton.jit
-def tile_row(x, i, BC: tl.constexpr):
-    """Row ``i`` of a ``[BC, N]`` tile as an ``[N]`` vector."""
-    r = tl.arange(0, BC)
-    return tl.sum(tl.where(r[:, None] == i, x, 0.), 0)
-
-
-@triton.jit
 def channel_slice(i, BS: tl.constexpr, N):
     """Slice ``i`` of ``BS`` channels of an ``N``-channel axis: ``(cols, mask)``."""
     cols = i * BS + tl.arange(0, BS)
@@ -117,7 +110,14 @@ def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constex
     """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):
     ``(i_h, i_t, i_g, bos, eos)`` = head, chunk within its sequence, global chunk index and the
     sequence's token span in the flattened ``B * T`` rows."""
-    i_c, i_bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
+    return chunk_at(tl.program_id(0), tl.program_id(1), cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+
+
+@triton.jit
+def chunk_at(i_c, i_bh, cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """:func:`chunk_position` of chunk ``i_c`` (of ``chunks``, or of ``NC`` with varlen) and
+    batch-head ``i_bh``, for grids that place them elsewhere than axes 0 and 1."""
+    i_c, i_bh = i_c.to(tl.int64), i_bh.to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)

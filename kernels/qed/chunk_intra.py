@@ -11,7 +11,8 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
    projection coefficient), and the probes ``rho, e``.
 2. per key slice: ``G``, ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``, ``ag = a exp(G)``
    (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
-   and ``dg = d exp(G)``.
+   and ``dg = d exp(G)``; for the backward (``HATS``) also ``scale q``, ``k`` and ``a`` (the
+   backward's scores kernel loads them instead of rebuilding them; the forward does not write them).
 
 Both passes walk the key slices with the next slice's loads issued before the current slice's
 work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
@@ -213,16 +214,18 @@ def _head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["rho"] is not None,
+    "HATS": lambda args: args["kh"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_prep_kernel(
     q, k, b, g, lam, z, d_in,
-    rq, rk, cp, gc, kg, qg, ag, gl, dg, rho, eig, d_out,
+    rq, rk, cp, gc, kg, qg, ag, gl, dg, rho, eig, d_out, qs, kh, a_out,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
+    HATS: tl.constexpr,
 ):
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
@@ -267,8 +270,8 @@ def qed_prep_kernel(
         tl.store(rho + p_row, b_rho.to(rho.dtype.element_ty), mask=m_t)
         tl.store(eig + p_row, b_e.to(eig.dtype.element_ty), mask=m_t)
 
-    # ---- 2: G, kg, qg, ag, (dg, d) per key slice, chunk decay e^{G_last}; the next slice's
-    # loads first (the last iteration reloads its own)
+    # ---- 2: G, kg, qg, ag, (dg, d), (scale q, k, a) per key slice, chunk decay e^{G_last}; the
+    # next slice's loads first (the last iteration reloads its own)
     for i_k in range(NK):
         cols, m_c = channel_slice(i_k, BKS, K)
         i_n = tl.minimum(i_k + 1, NK - 1)
@@ -280,8 +283,7 @@ def qed_prep_kernel(
         b_G = tl.cumsum(r_g, 0)
         b_glast = tl.sum(r_g, 0)
         b_ex = tl.exp(b_G)
-        if gc is not None:
-            store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
+        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
         store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
@@ -289,6 +291,10 @@ def qed_prep_kernel(
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
+        if HATS:
+            store_tile(qs + off, b_q * scale, rows, m_t, cols, m_c, HV * K)
+            store_tile(kh + off, b_k, rows, m_t, cols, m_c, HV * K)
+            store_tile(a_out + off, b_a, rows, m_t, cols, m_c, HV * K)
         r_q, r_k, r_b, r_g = n_q, n_k, n_b, n_g
 
 
@@ -314,10 +320,10 @@ class DirectionInputs:
 class Prepared:
     """What ``qed_prep_kernel`` writes. Per row ``[B, T, HV]`` (state dtype): ``rq, rk`` (norm
     factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``gc``
-    (``G``, state dtype; ``None`` when not stored: only the scores kernel reads it), ``kg``,
-    ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
+    (``G``, state dtype), ``kg``, ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
     ``[NC, HV, K]`` (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
-    ``[B, T, HV, K]`` in the state dtype."""
+    ``[B, T, HV, K]`` in the state dtype. For the backward (``hats``, else ``None``): ``qs = scale
+    q_hat``, ``kh = k_hat`` and the erase vector ``a``, ``[B, T, HV, K]`` in the state dtype."""
 
     rq: torch.Tensor
     rk: torch.Tensor
@@ -331,26 +337,29 @@ class Prepared:
     rho: torch.Tensor | None
     e: torch.Tensor | None
     d: torch.Tensor | None
+    qs: torch.Tensor | None
+    kh: torch.Tensor | None
+    a: torch.Tensor | None
 
 
 def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: ChunkLayout,
-                   inter_dtype: torch.dtype, probes: bool, store_g: bool = True) -> Prepared:
-    """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs; ``G`` is
-    written only with ``store_g`` (the forward's scores kernel reads it, the backward's rerun of
-    the prep does not)."""
+                   inter_dtype: torch.dtype, probes: bool, hats: bool = False) -> Prepared:
+    """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs; ``qs, kh,
+    a`` are written only with ``hats`` (the backward's rerun of the prep, for its scores kernel)."""
     B, T, HV, K = g.shape
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
     bk = lambda dt: torch.empty(B, T, HV, K, device=dev, dtype=dt)  # noqa: E731
-    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct) if store_g else None, kg=bk(inter_dtype),
+    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct), kg=bk(inter_dtype),
                    qg=bk(inter_dtype), ag=bk(inter_dtype),
                    gl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
-                   e=row() if probes else None, d=bk(ct) if probes else None)
+                   e=row() if probes else None, d=bk(ct) if probes else None,
+                   qs=bk(ct) if hats else None, kh=bk(ct) if hats else None, a=bk(ct) if hats else None)
     qed_prep_kernel[lay.grid](
         q=x.q, k=x.k, b=x.b, g=g, lam=x.lam, z=x.z, d_in=x.d,
         rq=out.rq, rk=out.rk, cp=out.cp, gc=out.gc, kg=out.kg, qg=out.qg, ag=out.ag, gl=out.gl, dg=out.dg,
-        rho=out.rho, eig=out.e, d_out=out.d,
+        rho=out.rho, eig=out.e, d_out=out.d, qs=out.qs, kh=out.kh, a_out=out.a,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
         L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=PREP_WARPS, num_stages=1,
