@@ -108,7 +108,8 @@ class Meter:
 
         class Step:
             def __init__(self, step, n):
-                self.step, self.n, self.stop_check_every = step, n, step.stop_check_every
+                self.step, self.n = step, n
+                self.stop_check_every, self.stop_read_late = step.stop_check_every, step.stop_read_late
 
             def __call__(self, tokens):
                 if not meter.cuda:
