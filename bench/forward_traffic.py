@@ -21,7 +21,7 @@ hit L2; the figure to compare with the H200's ~4.3 TB/s), and ``requested`` = wi
 table (``--fla-state-bv``, ``--fla-output-bv``). Branches the benchmark inputs never take
 (the exact diagonal blocks at decay spans over ``SPAN_MAX``) are not counted.
 
-``--measured`` joins the model with the per-kernel rows ``bench/kernels.py --parts`` wrote (ms
+``--measured`` joins the model with the per-kernel rows ``bench/kernel_times.py --parts`` wrote (ms
 per call, torch.profiler, same shape): per kernel GB/s of unique bytes and the share of the
 H200's ``PEAK_TBS``, which says whether a launch is bound by bytes moved or by something else.
 """
@@ -218,7 +218,7 @@ def table(title: str, launches: list[Launch]) -> list[str]:
 
 
 def measured(title: str, launches: list[Launch], rows: list[dict], pipeline: str) -> list[str]:
-    """Markdown rows joining the model with ``bench/kernels.py --parts`` rows of ``pipeline``
+    """Markdown rows joining the model with ``bench/kernel_times.py --parts`` rows of ``pipeline``
     (``"qed"``, ``"qed+probes"`` or ``"fla"``; names ``"  PIPELINE: KERNEL"``, the kernel name cut
     to 40 characters, ``ms`` per forward call): per kernel the model's unique MB, ms, GB/s and
     the share of ``PEAK_TBS``. Launches of one kernel (fla's two L2 norms) are summed, as the
@@ -263,7 +263,7 @@ def main():
     ap.add_argument("--fla-state-bv", type=int, default=64, help="value block fla's autotuner picks for fwd_h")
     ap.add_argument("--fla-output-bv", type=int, default=64, help="value block fla's autotuner picks for chunk_o")
     ap.add_argument("--details", action="store_true", help="also list every access")
-    ap.add_argument("--measured", metavar="JSON", help="kernels.json of bench/kernels.py --parts at the same shape")
+    ap.add_argument("--measured", metavar="JSON", help="kernels.json of bench/kernel_times.py --parts at the same shape")
     a = ap.parse_args()
     s = Shape(a.B, a.T, a.H, a.K, a.V)
     print(f"Model (not a measurement): B={s.B} T={s.T} H=HV={s.H} K={s.K} V={s.V}, bf16 inputs, float32 g and state\n")

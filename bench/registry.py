@@ -39,7 +39,7 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
-    Benchmark("kernels", "kernels.py",
+    Benchmark("kernels", "kernel_times.py",
               "qed_chunk forward (fresh and after smaller shapes, every arm, probes off / on, T = 1K..32K, "
               "grouped heads), forward + backward and a decode step, against fla chunk_gdn2 / "
               "fused_recurrent_gdn2 (and chunk_dplr_delta_rule with --dplr) in the same run",

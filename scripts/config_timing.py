@@ -1,5 +1,5 @@
 """Time ``qed_chunk`` under launch settings of its kernels, to screen warps, key and value slices for
-speed: the forward with probes off and on and the forward + backward (bench/kernels.py's main
+speed: the forward with probes off and on and the forward + backward (bench/kernel_times.py's main
 shape, B=8, T=4096, H=16, K=V=128, bf16), each with every ``qed_*`` kernel's time (torch.profiler,
 ms per call). Correctness of the same settings is screened by ``scripts/h200_bwd_configs.sh``
 (float64 reference) and the GPU tests.
@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "bench")]
 from chunk_bwd_localize import apply_settings  # noqa: E402
-from kernels import GRAD_WRT, MAIN, fwd_bwd, inputs, kernel_ms, ms, qed_fn  # noqa: E402
+from kernel_times import GRAD_WRT, MAIN, fwd_bwd, inputs, kernel_ms, ms, qed_fn  # noqa: E402
 
 
 def timed(name: str, fn) -> str:

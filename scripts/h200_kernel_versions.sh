@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Time several versions of the qed_chunk kernels in one device call: for every tree under .trees/
-# (made here by scripts/kernel_trees.sh), bench/kernels.py --quick --parts --no-fla in its own
+# (made here by scripts/kernel_trees.sh), bench/kernel_times.py --quick --parts --no-fla in its own
 # process with that tree first on PYTHONPATH: the forward (probes off and on), the
 # order check, per-kernel times and the forward + backward at B8 T4096 H16 K=V=128 bf16, ratios
 # against fla's times given as FLA_MS / FLA_FWD_BWD_MS (default: the H200 figures of
@@ -16,7 +16,7 @@ site=$PYTHONPATH
 cd /tmp
 for tree in "$REPO"/.trees/*/; do
     name=$(basename "$tree")
-    PYTHONPATH=$tree:$site timeout "${TREE_SECONDS:-150}" python3 "$REPO/bench/kernels.py" --quick --parts --no-fla \
+    PYTHONPATH=$tree:$site timeout "${TREE_SECONDS:-150}" python3 "$REPO/bench/kernel_times.py" --quick --parts --no-fla \
         --fla-ms "${FLA_MS:-2.011}" --fla-fwd-bwd-ms "${FLA_FWD_BWD_MS:-11.18}" --commit "$name" \
         --json "$OUT/kernels-$name.json" > "$OUT/kernels-$name.log" 2>&1
     echo "== $name (exit $?)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the kernels: the GPU tests of qed_chunk / qed_recurrent and of the CUDA-graph
 # decode, then the
-# benchmark (bench/kernels.py: fla's forward+backward first, the order-independence check,
+# benchmark (bench/kernel_times.py: fla's forward+backward first, the order-independence check,
 # T 1K-32K, probes on/off, every arm, grouped heads, forward+backward, decode).
 #
 # Wheels: `bash scripts/device_wheels.sh` here (after every change), then
@@ -60,11 +60,11 @@ if [[ " $PARTS " == *" fault "* ]]; then
         tests_alone line "$REPO"/tests/test_chunk_bwd.py
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
-    timeout "${BENCH_SECONDS:-330}" python3 "$REPO"/bench/kernels.py --json "$OUT/kernels.json" --commit "$COMMIT" \
+    timeout "${BENCH_SECONDS:-330}" python3 "$REPO"/bench/kernel_times.py --json "$OUT/kernels.json" --commit "$COMMIT" \
         --budget $(( ${BENCH_SECONDS:-330} - 30 )) 2>&1 | tee "$OUT/kernels.log" | tail -60
 fi
 if [[ " $PARTS " == *" traffic "* ]]; then
-    timeout 300 python3 "$REPO"/bench/kernels.py --quick --parts --json "$OUT/kernels_parts.json" --commit "$COMMIT" \
+    timeout 300 python3 "$REPO"/bench/kernel_times.py --quick --parts --json "$OUT/kernels_parts.json" --commit "$COMMIT" \
         2>&1 | tail -40
     python3 "$REPO"/bench/forward_traffic.py --measured "$OUT/kernels_parts.json" | tee "$OUT/forward_traffic.md" | tail -40
     timeout 200 python3 "$REPO"/scripts/scan_configs.py --json "$OUT/scan_configs.json" 2>&1 | tail -20

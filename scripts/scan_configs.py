@@ -33,7 +33,7 @@ OUTPUT_CONFIGS = [(bv, warps) for bv in (64, 128) for warps in (4, 8)]
 
 
 def inputs(B, T, H, K, V, dev):
-    """The benchmark's inputs (``bench/kernels.py``): bf16 q, k, v, b, w, float32 ``g``, lam 0.1."""
+    """The benchmark's inputs (``bench/kernel_times.py``): bf16 q, k, v, b, w, float32 ``g``, lam 0.1."""
     torch.manual_seed(0)
     bf = dict(device=dev, dtype=torch.bfloat16)
     return (torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, V, **bf) * 0.5,

@@ -18,8 +18,9 @@ try:
     import registry
     import run
     import sweep as sweep_bench
-finally:
-    sys.path.remove(str(BENCH))
+finally:  # every copy (the runner adds its own): no bench script may shadow a package for later tests
+    while str(BENCH) in sys.path:
+        sys.path.remove(str(BENCH))
 
 
 def test_every_bench_script_is_registered():
@@ -132,7 +133,7 @@ def test_forward_traffic_model_writes_what_the_wrappers_allocate(probes):
 
 def test_forward_traffic_joins_measured_kernel_times():
     """``--measured``: per kernel the model's bytes over the profiler's ms (names cut to 40
-    characters as bench/kernels.py --parts writes them; fla's two L2-norm launches summed)."""
+    characters as bench/kernel_times.py --parts writes them; fla's two L2-norm launches summed)."""
     s = forward_traffic.Shape(8, 4096, 16, 128, 128)
     qed, fla = forward_traffic.qed_launches(s, False), forward_traffic.fla_launches(s, 64, 64)
     intra = "chunk_gdn2_fwd_kernel_intra_token_parallel"

@@ -274,3 +274,23 @@ def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
         model.generate([[3, 400]], 2)
     assert model.detach() is hf
     adapt(hf)  # detached: may be adapted again
+
+
+def test_repository_root_on_the_path_is_refused_by_name_where_it_would_shadow_kernels(monkeypatch):
+    """With the repository root first on sys.path, a bare ``import kernels`` finds qedprobe's own
+    folder; where the ``kernels`` package is installed (transformers 5.25 requires it) loading a
+    model is refused naming the fix, else nothing is refused."""
+    import importlib.metadata
+    import sys
+    from pathlib import Path
+
+    from qedprobe.hf.families import refuse_shadowed_kernels
+    monkeypatch.delitem(sys.modules, "kernels", raising=False)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    try:
+        importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        refuse_shadowed_kernels()
+        return
+    with pytest.raises(ImportError, match="start Python in another directory"):
+        refuse_shadowed_kernels()

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
+import importlib.util
+import os
 from dataclasses import dataclass
 
 from qedprobe.model.aliases import TLAliases
@@ -53,9 +56,28 @@ def family(model_type: str) -> tuple[str, str]:
     return FAMILIES[model_type]
 
 
+def refuse_shadowed_kernels() -> None:
+    """Refuse, naming the cause and the fix, a process whose bare ``import kernels`` would find
+    this repository's ``kernels/`` folder (qedprobe's Triton kernels, installed as
+    ``qedprobe.kernels``) instead of the ``kernels`` package that transformers loads its hub
+    kernels from once that package is installed (transformers 5.25 requires it): that happens
+    when the repository root is on ``sys.path``, e.g. Python started in the repository root."""
+    try:
+        importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return  # transformers will not import it
+    spec = importlib.util.find_spec("kernels")
+    ours = os.path.dirname(importlib.util.find_spec("qedprobe.kernels").origin)
+    if spec is not None and spec.origin and os.path.dirname(os.path.abspath(spec.origin)) == ours:
+        raise ImportError(f"qedprobe.hf: `import kernels` finds qedprobe's own {ours!r} (the repository root is on "
+                          "sys.path, e.g. Python was started there), not the `kernels` package transformers "
+                          "loads; start Python in another directory")
+
+
 def deltanet_class(model_type: str) -> type:
     """The transformers Gated DeltaNet class of ``model_type`` (refused, naming the installed
     transformers, when that version does not have it)."""
+    refuse_shadowed_kernels()
     name = family(model_type)[1]
     try:
         return getattr(importlib.import_module(modeling_module_name(model_type)), name)

@@ -30,7 +30,7 @@ from qedprobe.model.hooked import HookedModel
 
 from . import route
 from .cache import HFActivationCache
-from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeling_module_name
+from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeling_module_name, refuse_shadowed_kernels
 from .recurrence import LinearAttnRecurrence
 
 _ADAPTED = "_qedprobe_adapted"
@@ -199,6 +199,7 @@ def adapt(model, *, op_mode: str = "auto", dtype: torch.dtype | None = None, dev
 def load_transformers(path, *, dtype: torch.dtype | None = None, device=None) -> nn.Module:
     """``AutoModelForCausalLM`` from the local folder ``path`` (in eval mode), refused with the
     list of supported types before any weight is read when its type is not supported."""
+    refuse_shadowed_kernels()
     from transformers import AutoConfig, AutoModelForCausalLM
     path = os.fspath(path)
     if not os.path.isfile(os.path.join(path, "config.json")):

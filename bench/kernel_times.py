@@ -2,7 +2,7 @@
 
 CUDA only; not a test.
 
-    PYTHONUNBUFFERED=1 python3 bench/kernels.py [--json PATH] [--commit SHA] [--budget S] [--quick] [--parts] [--dplr]
+    PYTHONUNBUFFERED=1 python3 bench/kernel_times.py [--json PATH] [--commit SHA] [--budget S] [--quick] [--parts] [--dplr]
         [--no-fla [--fla-ms MS] [--fla-fwd-bwd-ms MS]]
 
 Rows, in this order (median of ``triton.testing.do_bench``; bf16 q/k/v/b/w, float32 log-decay
@@ -208,7 +208,7 @@ def main() -> int:
     if (a.fla_ms or a.fla_fwd_bwd_ms) and not a.no_fla:
         ap.error("--fla-ms and --fla-fwd-bwd-ms replace the fla run: they need --no-fla")
     if not torch.cuda.is_available():
-        P("bench/kernels.py needs CUDA")
+        P("bench/kernel_times.py needs CUDA")
         return 1
     start = time.time()
     left = lambda: a.budget - (time.time() - start)  # noqa: E731
