@@ -55,8 +55,9 @@ SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
 product; beyond it the block is built from exact per-element exponentials."""
 PREP_BKS = 32
-"""Key slice of the prep kernel: ``[64, 32]`` tiles, twice the bytes per load of 16 (faster on
-the H200 with probes off and on, docs/BENCHMARKS.md, though ptxas spills a few registers)."""
+"""Key slice of the prep kernel: ``[64, 32]`` tiles, twice the bytes per load of 16. At 4 warps
+ptxas spills them (the five tensors' tiles do not fit 255 registers), yet the kernel is faster
+than at 16, which does not spill, with probes off and on (docs/BENCHMARKS.md)."""
 SCORES_BKS = 16
 """Key slice of the scores kernel (at 32 the kernel needs all 255 registers of 4 warps)."""
 PREP_WARPS = 4
