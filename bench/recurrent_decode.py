@@ -10,7 +10,7 @@ launches), the GPU-only time from CUDA-graph replays, and the host time per call
 relative error of ``o`` against ``qed_naive`` in float64 on the same inputs.
 
 ``--screen`` times one decode step as a model's CUDA-graph decode runs it (the state updated in
-place, ``inplace_final_state=True``; 24 steps per graph replay) for every launch configuration of
+place, ``inplace_final_state=True``; the CUDA-graph time of :func:`_times`) for every launch configuration of
 :data:`SCREEN_CONFIGS` at the batch sizes of :data:`SCREEN_SHAPES`: the measurements behind
 ``default_block_config``.
 """
@@ -107,8 +107,8 @@ def bench_decode(B: int, H: int, K: int, V: int, dtype: torch.dtype = torch.bflo
 
 
 def screen(K: int = 128, V: int = 128) -> list[dict]:
-    """Microseconds per in-place decode step (bf16 inputs, float32 state, CUDA-graph replay of 24
-    steps) per ``(B, H)`` of :data:`SCREEN_SHAPES` and ``(BV, num_warps)`` of :data:`SCREEN_CONFIGS`."""
+    """Microseconds per in-place decode step (bf16 inputs, float32 state, CUDA-graph replay of
+    :data:`GRAPH_CALLS` steps) per ``(B, H)`` of :data:`SCREEN_SHAPES` and ``(BV, num_warps)`` of :data:`SCREEN_CONFIGS`."""
     rows = []
     for B, H in SCREEN_SHAPES:
         x = _inputs(B, 1, H, K, V, torch.bfloat16)
@@ -117,13 +117,7 @@ def screen(K: int = 128, V: int = 128) -> list[dict]:
         for cfg in SCREEN_CONFIGS:
             step = lambda c=cfg: qed_recurrent(*args, initial_state=x["h0"], output_final_state=True,  # noqa: E731
                                                inplace_final_state=True, block_config=c)
-            step()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(24):
-                    step()
-            us[str(cfg)] = round(1e3 * do_bench(graph.replay, warmup=25, rep=150, return_mode="median") / 24, 2)
+            us[str(cfg)] = round(_times(step)[1], 2)
         rows.append(dict(B=B, H=H, K=K, V=V, rule=str(default_block_config(K, V, torch.float32, B * H)), us=us))
         print(f"B{B} H{H}: " + "  ".join(f"{c}={t}" for c, t in us.items()) + f"  (rule {rows[-1]['rule']})",
               flush=True)
