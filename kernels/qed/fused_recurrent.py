@@ -22,6 +22,8 @@ loaded while this one computes. ``scale`` is compiled in (exact for float64), so
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -169,6 +171,7 @@ def qed_recurrent_kernel(
         tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
 
+@functools.lru_cache(maxsize=256)
 def default_block_config(K: int, V: int, dtype: torch.dtype, states: int) -> tuple[int, int]:
     """``(BV, num_warps)``: the value-slice width each program holds, and its warps, by rule from
     ``K``, ``V``, the state dtype and the number of ``states`` (sequences x value heads).
@@ -177,7 +180,7 @@ def default_block_config(K: int, V: int, dtype: torch.dtype, states: int) -> tup
     :data:`WIDE_SLICE_STATES` states (enough programs to fill the GPU; each then streams a larger
     block of the state) and of 32 below, at most 8,192 state elements per program (a ``K = 256``
     state takes slices half as wide). Float64 states keep slices of 16. docs/BENCHMARKS.md has
-    the decode screen behind it."""
+    the decode screen behind it. Cached: a decode loop asks for it once per step."""
     BK = triton.next_power_of_2(K)
     if dtype != torch.float32:
         BV = min(triton.next_power_of_2(V), 16)
@@ -208,6 +211,13 @@ def checked_block_config(block_config, V: int) -> tuple[int, int]:
     return block_config
 
 
+@functools.lru_cache(maxsize=64)
+def _padded_and_blocks(K: int, V: int, BV: int) -> tuple[int, int]:
+    """``(BK, value blocks)``: the key axis padded to a power of two, and ``V`` in slices of ``BV``
+    (cached with the launch rule: both are asked for at every decode step)."""
+    return triton.next_power_of_2(K), triton.cdiv(V, BV)
+
+
 def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, output_final_state: bool,
                   return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem,
                   block_config: tuple[int, int], inplace_final_state: bool) -> tuple:
@@ -224,12 +234,13 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
         probes = {"rho": q.new_empty(B, T, HV, dtype=ct), "d": q.new_empty(B, T, HV, K, dtype=ct),
                   "Sd": q.new_empty(B, T, HV, V, dtype=ct), "e": q.new_empty(B, T, HV, dtype=ct)}
     BV, num_warps = block_config
-    qed_recurrent_kernel[(P.N * HV, triton.cdiv(V, BV))](
+    BK, value_blocks = _padded_and_blocks(K, V, BV)
+    qed_recurrent_kernel[(P.N * HV, value_blocks)](
         q=q, k=k, v=v, g=g, b=b, w=w, lam=lam, z=z, d=d, o=o, h0=initial_state, ht=final_state,
         cu_seqlens=cu_seqlens,
         rho_out=probes and probes["rho"], d_out=probes and probes["d"],
         sd_out=probes and probes["Sd"], e_out=probes and probes["e"],
-        T=T, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV,
+        T=T, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=BK, BV=BV,
         **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
         DT=tl.float64 if ct == torch.float64 else tl.float32, num_warps=num_warps,
     )

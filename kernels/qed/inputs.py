@@ -62,7 +62,8 @@ class QEDProblem:
     ``H`` is the number of query/key heads, ``HV`` the number of value heads (``HV = m * H``;
     value head ``j`` reads query/key head ``j // m``, ``m = HV // H`` is ``group``). ``N`` is the
     number of sequences: ``B`` without ``cu_seqlens``, ``len(cu_seqlens) - 1`` with it.
-    ``seq_bounds`` lists ``(batch_row, bos, eos)`` for each of the N sequences.
+    ``offsets`` are the ``cu_seqlens`` values (``None`` without); ``seq_bounds`` lists
+    ``(batch_row, bos, eos)`` for each of the N sequences.
     ``compute_dtype`` is float64 when the inputs are float64, else float32 (the state dtype).
     """
 
@@ -76,7 +77,14 @@ class QEDProblem:
     scale: float
     lam_per_token: bool
     compute_dtype: torch.dtype
-    seq_bounds: tuple
+    offsets: tuple | None
+
+    @property
+    def seq_bounds(self) -> tuple:
+        """``(batch_row, bos, eos)`` per sequence (built when asked: a decode step never asks)."""
+        if self.offsets is None:
+            return tuple((n, 0, self.T) for n in range(self.B))
+        return tuple((0, a, b) for a, b in zip(self.offsets, self.offsets[1:]))
 
     @property
     def group(self) -> int:
@@ -87,7 +95,7 @@ class QEDProblem:
 def _shape(name: str, x, expected: tuple, op: str, dims: str):
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{op}: `{name}` must be a torch.Tensor of shape {dims}, got {type(x).__name__}")
-    if tuple(x.shape) != tuple(expected):
+    if x.shape != tuple(expected):
         raise ValueError(f"{op}: `{name}` must have shape {dims} = {tuple(expected)}, got {tuple(x.shape)}")
 
 
@@ -151,8 +159,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
             raise ValueError(f"{op}: `{name}` is on {x.device} but `q` is on {device}")
 
     if cu_seqlens is None:
-        N = B
-        seq_bounds = tuple((n, 0, T) for n in range(B))
+        N, offsets = B, None
     else:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError(f"{op}: `cu_seqlens` must be a 1-D integer tensor [N + 1] of sequence offsets")
@@ -165,8 +172,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
             raise ValueError(
                 f"{op}: `cu_seqlens` must rise strictly from 0 to T={T}, got {offsets}"
             )
-        N = len(offsets) - 1
-        seq_bounds = tuple((0, offsets[n], offsets[n + 1]) for n in range(N))
+        N, offsets = len(offsets) - 1, tuple(offsets)
 
     if initial_state is not None:
         _shape("initial_state", initial_state, (N, HV, K, V), op, "[N, HV, K, V]")
@@ -194,7 +200,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
                              f"state can grow without bound), got max |lam| {lam.abs().max().item():.4g}")
 
     return QEDProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
-                      compute_dtype=compute_dtype, seq_bounds=seq_bounds)
+                      compute_dtype=compute_dtype, offsets=offsets)
 
 
 def on_input_device(fn):
@@ -206,7 +212,7 @@ def on_input_device(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        if first is None or not first.is_cuda:
+        if first is None or not first.is_cuda or first.get_device() == torch.cuda.current_device():
             return fn(*args, **kwargs)
         with torch.cuda.device(first.device):
             return fn(*args, **kwargs)
