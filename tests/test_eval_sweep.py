@@ -177,6 +177,27 @@ def test_out_folder_with_other_config_and_lock(tmp_path):
         ResultsStore(tmp_path / "o", {**cfg, "samples_spec": {"task": "b"}})
 
 
+def test_moved_checkpoint_resumes_and_other_weights_are_refused(tmp_path):
+    """The model's path may change when its weights hash does not (a moved checkpoint: warned,
+    the new path recorded); the same path with other weights is refused."""
+    model = {"id": "/a/ckpt", "config": {"arm": "full"}, "dtype": "float32", "weights": "ab" * 32}
+    cfg = {"samples_spec": {"task": "a"}, "intervention": {}, "model": model}
+    store = ResultsStore(tmp_path / "o", cfg)
+    store.append([{"length": 8, "s": 1.0, "sample_id": 0, "correct": True}])
+    store.close()
+    moved = {**cfg, "model": {**model, "id": "/b/ckpt"}}
+    with pytest.warns(UserWarning, match="same weights"):
+        store = ResultsStore(tmp_path / "o", moved)
+    assert [r["sample_id"] for r in store.rows] == [0]  # the row written from the old path is kept
+    store.append([{"length": 8, "s": 1.0, "sample_id": 1, "correct": False}])
+    store.close()
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["model"]["id"] == "/b/ckpt"
+    with pytest.raises(SweepError, match=r"different model \(weights differ\)"):
+        ResultsStore(tmp_path / "o", {**moved, "model": {**model, "id": "/b/ckpt", "weights": "cd" * 32}})
+    with pytest.raises(SweepError, match=r"different model \(config, id differ\)"):
+        ResultsStore(tmp_path / "o", {**cfg, "model": {**model, "config": {"arm": "gdn2"}}})
+
+
 def _write_sweep(folder, correct, sha_prefix="p", strengths=(1.0,)):
     folder.mkdir(parents=True)
     rows = [{"task": "s-niah-1", "length": 1024, "s": s, "sample_id": i, "correct": c, "prediction": "",

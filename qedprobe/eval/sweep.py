@@ -16,8 +16,10 @@ batches, each call's rows appended as they come), :func:`rows_from_outputs`
 Files in ``out``:
 
 * ``config.json``: what defines the samples, the model and the intervention; a later run into
-  the same folder must agree on it (lengths and strengths may be added). It is written with the
-  first row, so a run that fails before any work leaves no config behind.
+  the same folder must agree on it (lengths and strengths may be added; the model's path may
+  change when its weights hash does not: a moved checkpoint resumes, with a warning, and the new
+  path is recorded). It is written with the first row, so a run that fails before any work leaves
+  no config behind.
 * ``config.json`` key ``decode`` (only with ``decode="answer"``): how many tokens each prompt
   decodes; a folder never mixes rows decoded to different budgets.
 * ``results.jsonl``: one row per ``(length, s, sample_id)``, appended and fsync'ed batch by batch.
@@ -239,6 +241,11 @@ class ResultsStore:
             raise SweepError(f"{str(self.dir)!r} holds a sweep with no weights hash (written by an older "
                              "qedprobe): its rows cannot be matched to these weights; use a new --out")
         for key in fixed:
+            if key == "model" and _moved_model(old.get(key), config.get(key)):
+                warnings.warn(f"{str(self.dir)!r} was written from the model at {old['model']['id']!r}; continuing "
+                              f"with {config['model']['id']!r}, which has the same weights (sha256 "
+                              f"{config['model']['weights'][:12]}...)", stacklevel=3)
+                continue
             if old.get(key) != config.get(key):
                 raise SweepError(
                     f"{str(self.dir)!r} holds a sweep with a different {key}{_differing(old.get(key), config.get(key))}"
@@ -281,6 +288,15 @@ class ResultsStore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _moved_model(old, new) -> bool:
+    """Whether two configs' ``model`` records describe the same weights (equal SHA-256) and
+    fingerprint read from different paths: a checkpoint that moved, whose rows still hold."""
+    if not isinstance(old, dict) or not isinstance(new, dict) or not old.get("weights"):
+        return False
+    rest = lambda m: {k: v for k, v in m.items() if k != "id"}  # noqa: E731
+    return old.get("id") != new.get("id") and rest(old) == rest(new)
 
 
 def _differing(old, new) -> str:
