@@ -57,8 +57,8 @@ SPAN_MAX = 30.0
 product; beyond it the block is built from exact per-element exponentials."""
 PREP_ROWS = 8
 """Rows per block of the prep kernel (a divisor of ``BT``): ``[8, K]`` tiles, whole rows of every
-tensor it reads and writes (a row's K channels are contiguous in memory). At 8 warps ptxas needs
-100 registers (125 with probes) and spills nothing; blocks of 16 rows need 176 (228)."""
+tensor it reads and writes (a row's K channels are contiguous in memory); small enough that
+8 warps hold two blocks of loads without spilling (ptxas figures in docs/BENCHMARKS.md)."""
 SCORES_BKS = 16
 """Key slice of the scores kernel (at 32 the kernel needs all 255 registers of 4 warps)."""
 PREP_WARPS = 8
