@@ -21,7 +21,8 @@ K=V=128):
 7. ``qed_chunk`` forward + backward (``torch.autograd.grad`` of ``o`` w.r.t. q, k, v, g, b, w,
    lam) against fla's measured in step 1;
 8. one decode token (``qed_recurrent``, B=16) against fla ``fused_recurrent_gdn2``
-   (``bench/recurrent_decode.py``).
+   (``bench/recurrent_decode.py``): ``do_bench`` of an eager call (bound by the host at this
+   size), the CUDA-graph replay (the GPU alone) and the host's Python time per call.
 
 ``--quick`` stops after step 3 and the forward + backward of step 7; ``--parts`` adds per-kernel
 rows (torch.profiler, ms per call) for the main shape: the ``qed_*`` kernels of the forward
@@ -187,8 +188,13 @@ def decode(rows: Rows):
     sys.path.insert(0, HERE)
     from recurrent_decode import bench_decode
     r = bench_decode(16, 16, 128, 128, torch.bfloat16)
-    rows.add("qed_recurrent decode (1 token)", "B16 T1 H16 HV16 K128 V128", r["qed_us"] / 1e3,
+    shape = "B16 T1 H16 HV16 K128 V128"
+    rows.add("qed_recurrent decode (1 token)", shape, r["qed_us"] / 1e3,
              (r.get("fla_us") or 0) / 1e3 or None, "(ref: fla fused_recurrent_gdn2)")
+    rows.add("qed_recurrent decode (1 token), CUDA graph", shape, r["qed_graph_us"] / 1e3,
+             (r.get("fla_graph_us") or 0) / 1e3 or None, "(GPU time alone; ref: fla, same)")
+    rows.add("qed_recurrent decode (1 token), host", shape, r["qed_host_us"] / 1e3,
+             (r.get("fla_host_us") or 0) / 1e3 or None, "(Python time per call; ref: fla, same)")
 
 
 def main() -> int:
