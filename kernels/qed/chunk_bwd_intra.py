@@ -62,16 +62,14 @@ SCORES_BWD_WARPS = 4
 """Key slice and warps of ``qed_bwd_scores_kernel``, by rule: its tiles are ``[BC, BKS]`` =
 ``[16, 32]`` (4 elements a thread at four warps), its work elementwise on them and ``[16, 16] x
 [16, 32]`` products, with one reduction (a block's sum of ``dkg kg`` over its 16 rows) made once.
-For sm_90 (``bench/chunk_aot.py bwd``) ptxas gives the four-warp kernel 128 registers and no
-spills at tf32 (157 at tf32x3), where two warps take all 255 and spill and one spills more.
-Slices of 32 as fla's intra backward; 64 would halve the re-reads of ``dA`` (once per key slice)
-at 255 registers."""
+Four warps are the fewest that hold these tiles without spilling (``bench/chunk_aot.py bwd``;
+figures in docs/BENCHMARKS.md). Slices of 32 as fla's intra backward; 64 would halve the re-reads
+of ``dA`` (once per key slice) but take every register."""
 
 DG_BWD_BKS = 32
 DG_BWD_WARPS = 4
 """Key slice and warps of ``qed_bwd_dg_kernel``: one ``[BT, 32]`` tile of ``dG`` per program (16
-elements a thread; 87 registers, where a slice of 64 takes 144), read once and written once as
-``dg``."""
+elements a thread), read once and written once as ``dg``."""
 
 
 @triton.jit
