@@ -5,9 +5,12 @@ ms per call). Correctness of the same settings is screened by ``scripts/h200_bwd
 (float64 reference) and the GPU tests.
 
     python scripts/config_timing.py [--set chunk_wy.INVERSE_WARPS=2 --set chunk_scan.OUTPUT_WARPS=4 ...]
+        [--forward-only]
 
-Run one process per setting (a launch that faults poisons the process's CUDA context). Prints one
-``timing`` line: the settings, then per run its ms and the per-kernel ms.
+Run one process per setting (a launch that faults poisons the process's CUDA context;
+``scripts/h200_screen.sh`` does so for a list of settings). Prints one ``timing`` line: the
+settings, then per run its ms and the per-kernel ms. ``--forward-only`` leaves out the forward +
+backward (it compiles the backward's kernels: most of a process's time).
 """
 from __future__ import annotations
 
@@ -30,11 +33,13 @@ def timed(name: str, fn) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE")
+    ap.add_argument("--forward-only", action="store_true", help="time the forward (probes off and on) only")
     a = ap.parse_args()
     apply_settings(a.set)
     x = inputs(**MAIN)
-    runs = [timed("fwd", qed_fn(x)), timed("fwd+probes", qed_fn(x, probes=True)),
-            timed("fwd+bwd", fwd_bwd(qed_fn, x, GRAD_WRT))]
+    runs = [timed("fwd", qed_fn(x)), timed("fwd+probes", qed_fn(x, probes=True))]
+    if not a.forward_only:
+        runs.append(timed("fwd+bwd", fwd_bwd(qed_fn, x, GRAD_WRT)))
     print(f"timing {' '.join(a.set) or 'defaults'}: " + " | ".join(runs))
 
 
