@@ -14,6 +14,7 @@ the phase times ends the output.
     python3 bench/profile_sweep.py                          # 1K prompts, as many as the sweep packs, 10 steps
     python3 bench/profile_sweep.py --length 32768 --steps 4
     python3 bench/profile_sweep.py --tiny --device cpu --length 512 --batch-tokens 2048 --steps 2  # smoke
+    python3 bench/profile_sweep.py --inductor-option combo_kernels=true   # an inductor option on top of ours
 
 On the device, from the repository root with the carried wheels (see scripts/h200_model_checks.sh):
 ``PYTHONPATH=/tmp/site python3 bench/profile_sweep.py --trace $OUT/prefill_trace.json``.
@@ -32,6 +33,7 @@ from qedprobe.eval.sweep import memory_batch_tokens
 from qedprobe.eval.tasks import NIAHTask
 from qedprobe.model import QEDConfig, QEDModel, fast_path, strength
 from qedprobe.model.decode_step import decode_step
+from qedprobe.model.fast import COMPILE_OPTIONS
 from qedprobe.model.packing import pack_prompts
 from qedprobe.tokenizer import ByteTokenizer
 
@@ -48,6 +50,22 @@ def _timer(device):
     return timed
 
 
+def inductor_options(items: list[str]) -> dict:
+    """``NAME=VALUE`` strings -> ``{NAME: value}`` for ``torch.compile(options=...)``: the value as
+    JSON (``true``, ``8``, ``"x"``) or else as the string; NAME must be an inductor config key."""
+    import torch._inductor.config as inductor_config
+    out = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not hasattr(inductor_config, name):
+            raise ValueError(f"--inductor-option: {item!r} must be NAME=VALUE with NAME an inductor config key")
+        try:
+            out[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[name] = raw
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--length", type=int, default=1024)
@@ -60,9 +78,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="2 layers, hidden 64 (CPU smoke run)")
     ap.add_argument("--trace", default=None, help="write the prefill's Chrome trace here")
     ap.add_argument("--eager", action="store_true", help="time and profile the plain path only")
+    ap.add_argument("--inductor-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="an inductor option for the fast path's regions, on top of qedprobe's (e.g. "
+                         "combo_kernels=true); repeatable")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.length < 1:
         ap.error("--steps and --length must be >= 1")
+    try:
+        COMPILE_OPTIONS.update(inductor_options(args.inductor_option))
+    except ValueError as err:
+        ap.error(str(err))
 
     device = torch.device(args.device)
     cfg = (QEDConfig(vocab_size=ByteTokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_heads=2,
@@ -121,7 +146,7 @@ def main(argv=None) -> int:
                     prof.export_chrome_trace(args.trace)
     res = {"device": torch.cuda.get_device_name(device) if cuda_times else "cpu", "torch": torch.__version__,
            "layers": cfg.num_hidden_layers, "length": args.length, "prompts": n,
-           "prompt_tokens": sum(packed.lengths), "steps": args.steps,
+           "prompt_tokens": sum(packed.lengths), "steps": args.steps, "inductor_options": COMPILE_OPTIONS,
            "prefill_tokens_per_s": round(sum(packed.lengths) / wall["prefill_s"], 1),
            **({} if args.eager else {"fast_prefill_tokens_per_s": round(sum(packed.lengths) / wall["fast_prefill_s"], 1)}),
            **{k: round(v, 4) for k, v in wall.items()}}
