@@ -99,7 +99,7 @@ def test_strong_and_zero_decay(gmin, gmax):
     assert_outputs_close(got, qed_naive(*op_args(x), **kw), atol=1e-10)
 
 
-@pytest.mark.parametrize("K,V,T", [(20, 24, 33), (64, 16, 65)])
+@pytest.mark.parametrize("K,V,T", [(20, 24, 33), (64, 16, 65), (256, 16, 70)])
 def test_odd_sizes(K, V, T):
     x = chunk_inputs(B=1, T=T, K=K, V=V, seed=8)
     kw = dict(arm="noproj", output_final_state=True, return_probes=True)
