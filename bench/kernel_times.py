@@ -188,13 +188,11 @@ def decode(rows: Rows):
     sys.path.insert(0, HERE)
     from recurrent_decode import bench_decode
     r = bench_decode(16, 16, 128, 128, torch.bfloat16)
-    shape = "B16 T1 H16 HV16 K128 V128"
-    rows.add("qed_recurrent decode (1 token)", shape, r["qed_us"] / 1e3,
-             (r.get("fla_us") or 0) / 1e3 or None, "(ref: fla fused_recurrent_gdn2)")
-    rows.add("qed_recurrent decode (1 token), CUDA graph", shape, r["qed_graph_us"] / 1e3,
-             (r.get("fla_graph_us") or 0) / 1e3 or None, "(GPU time alone; ref: fla, same)")
-    rows.add("qed_recurrent decode (1 token), host", shape, r["qed_host_us"] / 1e3,
-             (r.get("fla_host_us") or 0) / 1e3 or None, "(Python time per call; ref: fla, same)")
+    for label, key, note in (("", "us", "(ref: fla fused_recurrent_gdn2)"),
+                             (", CUDA graph", "graph_us", "(GPU time alone; ref: fla, same)"),
+                             (", host", "host_us", "(Python time per call; ref: fla, same)")):
+        rows.add(f"qed_recurrent decode (1 token){label}", "B16 T1 H16 HV16 K128 V128", r[f"qed_{key}"] / 1e3,
+                 (r.get(f"fla_{key}") or 0) / 1e3 or None, note)
 
 
 def main() -> int:
