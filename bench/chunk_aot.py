@@ -84,7 +84,7 @@ def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int |
                   **opt(probes, dg=f"*{io}", rho="*fp32", eig="*fp32", d_out="*fp32"),
                   **opt(hats, qs="*fp32", kh="*fp32", a_out="*fp32")),
              dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
-                  chunk_indices=None, z=None, d_in=None, **FULL, BR=chunk_intra.PREP_ROWS, BK=K, L2NORM=True,
+                  chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
                   PROBES=probes, HATS=hats, **absent(probes, "dg", "rho", "eig", "d_out"),
                   **absent(hats, "qs", "kh", "a_out")),
              warps or chunk_intra.PREP_WARPS)

@@ -129,7 +129,8 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
     nvb_out = triton.cdiv(s.V, output_config(s.V, torch.bfloat16, probes)[0])
     p = lambda *acc: acc if probes else ()  # noqa: E731
     prep = Launch("prep (qed_prep_kernel)",
-                  reads=(Access("q, k, b (_row_block)", 3 * tk, io), Access("g (G_last, then _row_block)", tk, F32, 2)),
+                  reads=(Access("q (_stats, erase_tiles)", tk, io, 2), Access("k (_stats, erase_tiles)", tk, io, 2),
+                         Access("b (_stats, erase_tiles)", tk, io, 2), Access("g", tk, F32)),
                   writes=(Access("rq, rk, cp", 3 * tr, F32), Access("gc = G", tk, F32), Access("kg, qg, ag", 3 * tk, io),
                           Access("gl = exp(G_last)", s.chunks * s.K, F32),
                           *p(Access("rho, e", 2 * tr, F32), Access("dg", tk, io), Access("d (probe)", tk, F32))),

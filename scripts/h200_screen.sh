@@ -2,7 +2,7 @@
 # One device call that screens launch settings of the qed_chunk kernels: scripts/config_timing.py
 # once per setting, each in its own process (a kernel fault poisons a process's CUDA context), the
 # defaults first; then, with TESTS=1, the GPU tests of the chunked forward and backward.
-#   SETS="chunk_intra.PREP_ROWS=16;chunk_intra.PREP_ROWS=16 chunk_intra.PREP_WARPS=4" \
+#   SETS="chunk_intra.PREP_WARPS=8;chunk_intra.PREP_BKS=64 chunk_intra.SCORES_WARPS=8" \
 #     bash scripts/h200_screen.sh                      (carry ".whl")
 # Environment: SETS (";"-separated settings, each one or more space-separated MODULE.NAME=VALUE),
 # FORWARD_ONLY (default 1: the forward with probes off and on; 0 adds the forward + backward),

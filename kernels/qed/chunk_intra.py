@@ -2,24 +2,23 @@ r"""Intra-chunk kernels of ``qed_chunk``, part 1: per-token preparation and the 
 (see ``chunk.py`` for the algorithm, ``chunk_wy.py`` for the inverse and the WY factors).
 
 ``G`` is the within-chunk inclusive cumsum of ``g`` (per channel); chunks have ``BT = 64``
-tokens; the scores kernel reads key channels in slices of ``BKS`` so that K up to 256 fits.
+tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
 
-``qed_prep_kernel`` (one program per chunk and value head; token-parallel work), in blocks of
-``PREP_ROWS`` rows over all K (whole rows: a row's K channels are contiguous in memory, so every
-load and store moves whole rows):
+``qed_prep_kernel`` (one program per chunk and value head; token-parallel work):
 
-1. ``G_last``, the sum of the chunk's ``g`` rows, and the chunk decay ``exp(G_last)``.
-2. per row block: the row statistics ``|q|^2, |k|^2, q.k, sum b k^2`` and ``k.x`` (``x`` the
-   arm's raw direction), from them the per-row scalars ``rq, rk`` (L2-norm factors) and ``c``
-   (the projection coefficient), and the probes ``rho, e``; then ``G`` (the within-chunk cumsum,
-   carried from block to block), ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``, ``ag = a
-   exp(G)`` (``a = b k + lam d``, the erase vector); with probes ``d`` and ``dg = d exp(G)``; for
-   the backward (``HATS``) also ``scale q``, ``k`` and ``a`` (the backward's scores kernel loads
-   them instead of rebuilding them; the forward does not write them).
+1. row statistics over all of K: ``|q|^2, |k|^2, q.k, sum b k^2`` and ``k.x`` (``x`` the arm's
+   raw direction); from them the per-row scalars ``rq, rk`` (L2-norm factors) and ``c`` (the
+   projection coefficient), and the probes ``rho, e``.
+2. per key slice: ``G``, ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``, ``ag = a exp(G)``
+   (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
+   and ``dg = d exp(G)``; for the backward (``HATS``) also ``scale q``, ``k`` and ``a`` (the
+   backward's scores kernel loads them instead of rebuilding them; the forward does not write them).
 
-Pass 2 issues the next row block's loads before the current block's work, so two blocks of loads
-are in flight and their latency overlaps the work on the block before. Pass 1's reads of ``g``
-are read again by pass 2 from the cache.
+Both passes walk the key slices with the next slice's loads issued before the current slice's
+work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
+last prefetch is pass 2's first slice), so each program has two slices of loads in flight and
+their latency overlaps the work on the slice before, instead of each slice waiting for its own
+loads.
 
 ``qed_scores_kernel`` (one program per 16-token row block, chunk and value head): one
 ``[16, 64]`` row block of each score matrix ``A_xk[t, j] = sum_c x_{t,c} e^{G_{t,c} - G_{j,c}}
@@ -55,13 +54,13 @@ from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_sl
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
 product; beyond it the block is built from exact per-element exponentials."""
-PREP_ROWS = 8
-"""Rows per block of the prep kernel (a divisor of ``BT``): ``[8, K]`` tiles, whole rows of every
-tensor it reads and writes (a row's K channels are contiguous in memory); small enough that
-8 warps hold two blocks of loads without spilling (ptxas figures in docs/BENCHMARKS.md)."""
+PREP_BKS = 32
+"""Key slice of the prep kernel: ``[64, 32]`` tiles, twice the bytes per load of 16. At 4 warps
+ptxas spills them (the five tensors' tiles do not fit 255 registers), yet the kernel is faster
+than at 16, which does not spill, with probes off and on (docs/BENCHMARKS.md)."""
 SCORES_BKS = 16
 """Key slice of the scores kernel (at 32 the kernel needs all 255 registers of 4 warps)."""
-PREP_WARPS = 8
+PREP_WARPS = 4
 SCORES_WARPS = 4
 """Warps of the two kernels, by rule (no autotuning: a call's configuration depends only on its
 arguments' sizes and dtypes, never on earlier calls; ptxas figures in docs/BENCHMARKS.md)."""
@@ -213,16 +212,6 @@ def _head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.
 
 
 # ------------------------------------------------------------------------------- prep kernel
-@triton.jit
-def _row_block(q, k, b, g, rows, m_r, cols, m_c, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr):
-    """The raw ``q, k`` (query/key head), ``b`` and ``g`` rows ``rows`` over all key channels, in
-    their stored dtypes (held across a loop iteration as a prefetch, converted where used)."""
-    return (load_tile(q, rows, m_r, cols, m_c, H * K, q.dtype.element_ty),
-            load_tile(k, rows, m_r, cols, m_c, H * K, k.dtype.element_ty),
-            load_tile(b, rows, m_r, cols, m_c, HV * K, b.dtype.element_ty),
-            load_tile(g, rows, m_r, cols, m_c, HV * K, g.dtype.element_ty))
-
-
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["rho"] is not None,
@@ -234,62 +223,72 @@ def qed_prep_kernel(
     q, k, b, g, lam, z, d_in,
     rq, rk, cp, gc, kg, qg, ag, gl, dg, rho, eig, d_out, qs, kh, a_out,
     cu_seqlens, chunk_indices, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     HATS: tl.constexpr,
 ):
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    rows = bos + i_t * BT + tl.arange(0, BT)
+    m_t = rows < eos
     q, k, b, lam = _head_pointers(q, k, b, lam, i_hv, H, HV, K)
     if z is not None:
         z += i_hv * K
     if d_in is not None:
         d_in += i_hv * K
-    off = i_hv * K
-    g += off
-    cols, m_c = channel_slice(0, BK, K)
-    r0 = bos + i_t * BT
-    NR: tl.constexpr = BT // BR
+    lam_f = _row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
 
-    # ---- 1: G_last = sum of the chunk's g rows (the decay of kg needs it from the first block on)
-    b_glast = tl.zeros([BK], dtype=DT)
-    for i_r in range(NR):
-        rows = r0 + i_r * BR + tl.arange(0, BR)
-        b_glast += tl.sum(load_tile(g, rows, rows < eos, cols, m_c, HV * K, DT), 0)
-    tl.store(gl + (i_g * HV + i_hv) * K + cols, tl.exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
-
-    # ---- 2: per row block, over all of K: row statistics, per-row scalars and probes, then G (the
-    # running cumsum carried from block to block), kg, qg, ag, (dg, d), (scale q, k, a). Each
-    # iteration first issues the next block's loads (the last one reloads its own).
-    b_carry = tl.zeros([BK], dtype=DT)
-    rows = r0 + tl.arange(0, BR)
-    r_q, r_k, r_b, r_g = _row_block(q, k, b, g, rows, rows < eos, cols, m_c, H, HV, K)
-    for i_r in range(NR):
-        rows = r0 + i_r * BR + tl.arange(0, BR)
-        m_t = rows < eos
-        n_rows = r0 + tl.minimum(i_r + 1, NR - 1) * BR + tl.arange(0, BR)
-        n_q, n_k, n_b, n_g = _row_block(q, k, b, g, n_rows, n_rows < eos, cols, m_c, H, HV, K)
-        lam_r = _row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
-        src = direction_source(z, d_in, rows, m_t, cols, m_c, HV, K, DIR_SOURCE)
+    # ---- 1: row statistics over all of K, per-row scalars, probes rho and e. Each iteration
+    # first issues the loads of the next key slice (after the last: slice 0, where pass 2 starts)
+    NK: tl.constexpr = (K + BKS - 1) // BKS
+    qq = tl.zeros([BT], dtype=DT)
+    kk = tl.zeros([BT], dtype=DT)
+    kq = tl.zeros([BT], dtype=DT)
+    bkk = tl.zeros([BT], dtype=DT)
+    kx = tl.zeros([BT], dtype=DT)
+    r_q, r_k, r_b = _slice_rows(q, k, b, rows, m_t, 0, H, HV, K, BKS)
+    for i_k in range(NK):
+        cols, m_c = channel_slice(i_k, BKS, K)
+        n_q, n_k, n_b = _slice_rows(q, k, b, rows, m_t, (i_k + 1) % NK, H, HV, K, BKS)
         b_q, b_k, b_b = r_q.to(DT), r_k.to(DT), r_b.to(DT)
-        qq, kk, kq, bkk, kx = _stats(b_q, b_k, b_b, direction_of(b_q, b_b, src, DIR_SOURCE, DIR_GATED, DT))
-        b_rq, b_rk, b_c, b_rho, b_e = _scalars(qq, kk, kq, bkk, kx, lam_r, L2NORM, DIR_SOURCE, DIR_PROJECTED)
-        p_row = rows * HV + i_hv
-        tl.store(rq + p_row, b_rq.to(rq.dtype.element_ty), mask=m_t)
-        tl.store(rk + p_row, b_rk.to(rk.dtype.element_ty), mask=m_t)
-        tl.store(cp + p_row, b_c.to(cp.dtype.element_ty), mask=m_t)
-        if PROBES:
-            tl.store(rho + p_row, b_rho.to(rho.dtype.element_ty), mask=m_t)
-            tl.store(eig + p_row, b_e.to(eig.dtype.element_ty), mask=m_t)
-        b_q, b_k, b_a, b_d = erase_from(b_q, b_k, b_b, src, b_rq, b_rk, b_c, lam_r, DIR_SOURCE, DIR_GATED, DT)
-        b_g = r_g.to(DT)
-        b_G = b_carry[None, :] + tl.cumsum(b_g, 0)
-        b_carry += tl.sum(b_g, 0)
+        s_qq, s_kk, s_kq, s_bkk, s_kx = _stats(b_q, b_k, b_b, raw_direction(b_q, b_b, z, d_in, rows, m_t, cols, m_c, HV,
+                                                                            K, DIR_SOURCE, DIR_GATED, DT))
+        qq += s_qq
+        kk += s_kk
+        kq += s_kq
+        bkk += s_bkk
+        kx += s_kx
+        r_q, r_k, r_b = n_q, n_k, n_b
+    off = i_hv * K
+    cols, m_c = channel_slice(0, BKS, K)
+    r_g = load_tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
+    b_rq, b_rk, b_c, b_rho, b_e = _scalars(qq, kk, kq, bkk, kx, lam_f, L2NORM, DIR_SOURCE, DIR_PROJECTED)
+    p_row = rows * HV + i_hv
+    tl.store(rq + p_row, b_rq.to(rq.dtype.element_ty), mask=m_t)
+    tl.store(rk + p_row, b_rk.to(rk.dtype.element_ty), mask=m_t)
+    tl.store(cp + p_row, b_c.to(cp.dtype.element_ty), mask=m_t)
+    if PROBES:
+        tl.store(rho + p_row, b_rho.to(rho.dtype.element_ty), mask=m_t)
+        tl.store(eig + p_row, b_e.to(eig.dtype.element_ty), mask=m_t)
+
+    # ---- 2: G, kg, qg, ag, (dg, d), (scale q, k, a) per key slice, chunk decay e^{G_last}; the
+    # next slice's loads first (the last iteration reloads its own)
+    for i_k in range(NK):
+        cols, m_c = channel_slice(i_k, BKS, K)
+        i_n = tl.minimum(i_k + 1, NK - 1)
+        n_q, n_k, n_b = _slice_rows(q, k, b, rows, m_t, i_n, H, HV, K, BKS)
+        c_n, m_n = channel_slice(i_n, BKS, K)
+        n_g = load_tile(g + off, rows, m_t, c_n, m_n, HV * K, DT)
+        b_q, b_k, b_a, b_d = erase_tiles(r_q.to(DT), r_k.to(DT), r_b.to(DT), z, d_in, rows, m_t, cols, m_c, b_rq,
+                                         b_rk, b_c, lam_f, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        b_G = tl.cumsum(r_g, 0)
+        b_glast = tl.sum(r_g, 0)
         b_ex = tl.exp(b_G)
         store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
         store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
+        tl.store(gl + (i_g * HV + i_hv) * K + cols, tl.exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
@@ -348,8 +347,6 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
                    inter_dtype: torch.dtype, probes: bool, hats: bool = False) -> Prepared:
     """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs; ``qs, kh,
     a`` are written only with ``hats`` (the backward's rerun of the prep, for its scores kernel)."""
-    if BT % PREP_ROWS:
-        raise ValueError(f"chunk_intra.PREP_ROWS must divide the chunk size BT={BT}, got {PREP_ROWS}")
     B, T, HV, K = g.shape
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
@@ -365,7 +362,7 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
         rq=out.rq, rk=out.rk, cp=out.cp, gc=out.gc, kg=out.kg, qg=out.qg, ag=out.ag, gl=out.gl, dg=out.dg,
         rho=out.rho, eig=out.e, d_out=out.d, qs=out.qs, kh=out.kh, a_out=out.a,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
-        H=x.q.shape[2], HV=HV, K=K, BT=BT, BR=PREP_ROWS, BK=triton.next_power_of_2(K),
+        H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
         L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=PREP_WARPS, num_stages=1,
     )
     return out

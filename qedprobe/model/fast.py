@@ -57,8 +57,10 @@ from .mixer import MixerState
 __all__ = ["FastPath", "TokenLayout", "fast_path", "active_fast_path", "fast_path_key", "fast_block_runner",
            "conv_silu", "rms_norm"]
 
-COMPILE_OPTIONS = {"emulate_precision_casts": True}
-"""inductor options: round to the model's dtype where the plain path does (bf16 between ops)."""
+COMPILE_OPTIONS = {"emulate_precision_casts": True, "combo_kernels": True}
+"""inductor options: round to the model's dtype where the plain path does (bf16 between ops);
+fuse independent kernels of a region horizontally (the three convolution-cache writes of a decode
+step and their neighbours run as one launch: a decode step is launch- and latency-bound)."""
 
 RECOMPILE_LIMIT = 64
 """dynamo's compiles per region kept inside a :func:`fast_path` block (torch's default is 8): each
