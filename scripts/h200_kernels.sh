@@ -8,7 +8,8 @@
 #   run(command="bash scripts/h200_kernels.sh", carry=[".whl"])
 # Environment: PARTS (default "tests bench"; "fault": the backward tests FAULT_K names, each alone
 # (under compute-sanitizer's memcheck where the machine has it); "traffic": per-kernel times joined with the byte model of
-# bench/forward_traffic.py, and scripts/scan_configs.py), TEST_SECONDS (default 360; the whole set needs about 300 s), BENCH_SECONDS (default 330),
+# bench/forward_traffic.py, and scripts/scan_configs.py; "scans": scripts/scan_configs.py at T = 4K, 8K, 16K, 32K with
+# 32K tokens each, one process a shape), TEST_SECONDS (default 360; the whole set needs about 300 s), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: .whl/BUILD, written by scripts/device_wheels.sh).
 # Output in $OUT: gpu_tests.log (gpu_faults.log: the tests that hit a kernel fault, rerun alone),
@@ -68,4 +69,12 @@ if [[ " $PARTS " == *" traffic "* ]]; then
         2>&1 | tail -40
     python3 "$REPO"/bench/forward_traffic.py --measured "$OUT/kernels_parts.json" | tee "$OUT/forward_traffic.md" | tail -40
     timeout 200 python3 "$REPO"/scripts/scan_configs.py --json "$OUT/scan_configs.json" 2>&1 | tail -20
+fi
+if [[ " $PARTS " == *" scans "* ]]; then
+    for T in 4096 8192 16384 32768; do
+        timeout 120 python3 "$REPO"/scripts/scan_configs.py --B $(( 32768 / T )) --T $T --json "$OUT/scan_configs-T$T.json" \
+            > "$OUT/scan_configs-T$T.log" 2>&1
+        echo "== T=$T (exit $?)"
+        grep -E "'rule': True|qed_state" "$OUT/scan_configs-T$T.log" | cut -c1-150
+    done
 fi

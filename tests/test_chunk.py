@@ -169,6 +169,21 @@ def test_no_kernel_is_autotuned():
             "qed_bwd_dg_kernel", "qed_prep_bwd_kernel"} <= kernels
 
 
+def test_state_scan_value_block_rule():
+    """The pipelined (bf16) state scan takes value blocks of 32 when twice its programs still fit in
+    one wave of the GPU's SMs (few, long sequences), else 64; float32 tiles and unknown GPUs keep
+    their one configuration."""
+    from qedprobe.kernels.qed.chunk_scan import state_config
+    bf16 = torch.bfloat16
+    assert state_config(128, 128, bf16, scans=8 * 16, sm_count=132) == (64, 4, 2)  # 512 programs at 32
+    assert state_config(128, 128, bf16, scans=4 * 16, sm_count=132) == (32, 4, 2)  # 256 <= 2 x 132
+    assert state_config(128, 128, bf16, scans=66, sm_count=132) == (32, 4, 2)      # 264: the last that fits
+    assert state_config(128, 128, bf16, scans=67, sm_count=132) == (64, 4, 2)
+    assert state_config(128, 128, bf16) == (64, 4, 2)
+    assert state_config(128, 128, torch.float32, scans=2, sm_count=132) == (64, 8, 1)
+    assert state_config(256, 128, bf16, scans=2, sm_count=132) == (32, 8, 1)  # K=256: never pipelined
+
+
 def test_rejects_bad_input():
     x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):
@@ -193,6 +208,26 @@ def test_gpu_long_vs_naive(dtype, bound, arm):
     assert_close("state", s, s2, bound)
     for n in PROBES:
         assert_close(n, p[n], p2[n], bound)
+
+
+@gpu
+def test_gpu_state_scan_value_blocks_agree(monkeypatch):
+    """bf16 at B=1, H=2 (two scans): the rule's value blocks of 32 and the wide rule's 64 (forced by
+    counting no program slots) both match float64 qed_naive and each other."""
+    from qedprobe.kernels.qed import chunk_scan
+    x64 = chunk_inputs(B=1, T=4096, H=2, K=128, V=128, gmin=0.1, seed=25, device="cuda")
+    x, ref_in = low_precision(x64, torch.bfloat16)
+    kw = dict(arm="full", output_final_state=True, return_probes=True)
+    ref = qed_naive(*op_args(ref_in), **kw)
+    runs = {}
+    for slots in (chunk_scan.STATE_PROGRAMS_PER_SM, 0):
+        monkeypatch.setattr(chunk_scan, "STATE_PROGRAMS_PER_SM", slots)
+        o, s, p = runs[slots] = qed_chunk(*op_args(x), **kw)
+        assert_close("o", o, ref[0], 2e-2)
+        assert_close("state", s, ref[1], 2e-2)
+        for n in PROBES:
+            assert_close(n, p[n], ref[2][n], 2e-2)
+    assert_outputs_close(runs[0], runs[chunk_scan.STATE_PROGRAMS_PER_SM], atol=1e-3, rtol=1e-3)
 
 
 @gpu

@@ -118,17 +118,41 @@ def qed_output_kernel(
         tl.store(sd + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_sd.to(sd.dtype.element_ty), mask=m_tv)
 
 
-def state_config(K: int, V: int, inter_dtype: torch.dtype) -> tuple[int, int, int]:
-    """``(BV, num_warps, num_stages)`` of the state scan, by rule from ``K``, ``V`` and the dtype
-    of the intra buffers: bf16 tiles with ``K <= 128`` are pipelined two deep, in 4 warps (two
-    programs per SM; the few registers it spills cost less than the second wave of 8 warps);
-    float32 / float64 ``[64, K]`` tiles do not fit twice in shared memory, nor do bf16 ones with
-    K=256, and run in 8 warps, where the ``[K, 64]`` state block and the chunk's tiles do not
-    spill (ptxas and timings in docs/BENCHMARKS.md)."""
+STATE_PROGRAMS_PER_SM = 2
+"""Programs of the pipelined (bf16, 4-warp) state scan that an SM holds at once: each takes 255
+registers x 128 threads, half an H100/H200 SM's 64K registers."""
+
+
+def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None = None,
+                 sm_count: int | None = None) -> tuple[int, int, int]:
+    """``(BV, num_warps, num_stages)`` of the state scan, by rule from ``K``, ``V``, the dtype of
+    the intra buffers and, where known, the number of ``scans`` (sequences x value heads) and the
+    GPU's ``sm_count``.
+
+    bf16 tiles with ``K <= 128`` are pipelined two deep, in 4 warps (two programs per SM; the few
+    registers it spills cost less than the second wave of 8 warps); float32 / float64 ``[64, K]``
+    tiles do not fit twice in shared memory, nor do bf16 ones with K=256, and run in 8 warps, where
+    the ``[K, 64]`` state block and the chunk's tiles do not spill (ptxas and timings in
+    docs/BENCHMARKS.md).
+
+    Each program walks all chunks of its sequence in order, so the scan's time is the number of
+    chunks times one step's latency once every program has an SM slot. When the pipelined scan's
+    programs at ``BV = 32`` still fit in one wave (``scans * cdiv(V, 32) <= STATE_PROGRAMS_PER_SM *
+    sm_count``: few, long sequences), it takes value blocks of 32: twice the programs, each step
+    on half the state block. With more scans the second wave would cost more, and ``BV = 64`` stays.
+    """
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
     pipelined = inter_dtype == torch.bfloat16 and BK <= 128
+    if pipelined and scans is not None and sm_count is not None:
+        if scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
+            BV = 32
     return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
+
+
+def multiprocessors(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA ``device`` (None elsewhere: the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int]:
@@ -151,7 +175,7 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=N
     ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
     V = u.shape[-1]
-    BV, num_warps, num_stages = config or state_config(K, V, w.dtype)
+    BV, num_warps, num_stages = config or state_config(K, V, w.dtype, scans=N * HV, sm_count=multiprocessors(w.device))
     qed_state_kernel[(triton.cdiv(V, BV), N * HV)](
         w=w, u=u, kg=kg, gl=gl, h0=h0, hs=hs, r=r, ht=ht,
         cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T,
