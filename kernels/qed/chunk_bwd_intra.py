@@ -54,17 +54,15 @@ WY_BWD_BVS = 16
 WY_BWD_WARPS = 4
 """Key slice, value slice and warps of ``qed_bwd_wy_kernel``. Four warps, not eight: Triton 3.6's
 sm_90 build of the eight-warp kernel reads shared memory out of bounds (float32) or gives wrong
-``dv, dw, dA_kk`` (bf16), found with ``scripts/h200_bwd_configs.sh``; at four it spills
-(docs/BENCHMARKS.md)."""
+``dv, dw, dA_kk`` (bf16), found with ``scripts/h200_bwd_configs.sh`` (docs/BENCHMARKS.md)."""
 
 SCORES_BWD_BKS = 32
 SCORES_BWD_WARPS = 4
 """Key slice and warps of ``qed_bwd_scores_kernel``, by rule: its tiles are ``[BC, BKS]`` =
 ``[16, 32]`` (4 elements a thread at four warps), its work elementwise on them and ``[16, 16] x
 [16, 32]`` products, with one reduction (a block's sum of ``dkg kg`` over its 16 rows) made once.
-Four warps are the fewest that hold these tiles without spilling (``bench/chunk_aot.py bwd``;
-figures in docs/BENCHMARKS.md). Slices of 32 as fla's intra backward; 64 would halve the re-reads
-of ``dA`` (once per key slice) but take every register."""
+Slices of 32 as fla's intra backward; 64 would halve the re-reads of ``dA`` (once per key slice)
+at a third more registers (``bench/chunk_aot.py bwd``), not yet timed."""
 
 DG_BWD_BKS = 32
 DG_BWD_WARPS = 4

@@ -30,8 +30,8 @@ from .chunk_intra import erase_rows, raw_direction, row_scalars
 PREP_BWD_BKS = 16
 PREP_BWD_WARPS = 8
 """Key slice and warps of ``qed_prep_bwd_kernel``, by rule: about ten ``[64, BKS]`` tiles are live
-at once; at 32 channels (4 or 8 warps) or 16 channels / 4 warps they spill (ptxas sm_90,
-docs/BENCHMARKS.md), at 16 / 8 they do not."""
+at once, 16-channel slices in 8 warps hold them in 64 registers a thread; 8 warps timed faster than
+4 or 2 (docs/BENCHMARKS.md)."""
 
 
 @triton.jit

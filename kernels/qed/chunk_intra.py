@@ -55,11 +55,10 @@ SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
 product; beyond it the block is built from exact per-element exponentials."""
 PREP_BKS = 32
-"""Key slice of the prep kernel: ``[64, 32]`` tiles, twice the bytes per load of 16. At 4 warps
-ptxas spills them (the five tensors' tiles do not fit 255 registers), yet the kernel is faster
-than at 16, which does not spill, with probes off and on (docs/BENCHMARKS.md)."""
+"""Key slice of the prep kernel: ``[64, 32]`` tiles, twice the bytes per load of 16; faster than
+16, and than 64 or 128 in 8 warps, with probes off and on (docs/BENCHMARKS.md)."""
 SCORES_BKS = 16
-"""Key slice of the scores kernel (at 32 the kernel needs all 255 registers of 4 warps)."""
+"""Key slice of the scores kernel (``[16, 16]`` row tiles, ``[64, 16]`` key tiles)."""
 PREP_WARPS = 4
 SCORES_WARPS = 4
 """Warps of the two kernels, by rule (no autotuning: a call's configuration depends only on its

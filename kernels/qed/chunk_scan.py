@@ -119,8 +119,9 @@ def qed_output_kernel(
 
 
 STATE_PROGRAMS_PER_SM = 2
-"""Programs of the pipelined (bf16, 4-warp) state scan that an SM holds at once: each takes 255
-registers x 128 threads, half an H100/H200 SM's 64K registers."""
+"""Programs of the pipelined (bf16, 4-warp) state scan that an SM holds at once: shared memory
+bounds it, each program's two pipeline stages taking 96 KB at ``BV = 64`` and 80 KB at ``BV = 32``
+of an H100/H200 SM's 228 KB (``bench/chunk_aot.py``)."""
 
 
 def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None = None,
@@ -129,11 +130,9 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     the intra buffers and, where known, the number of ``scans`` (sequences x value heads) and the
     GPU's ``sm_count``.
 
-    bf16 tiles with ``K <= 128`` are pipelined two deep, in 4 warps (two programs per SM; the few
-    registers it spills cost less than the second wave of 8 warps); float32 / float64 ``[64, K]``
-    tiles do not fit twice in shared memory, nor do bf16 ones with K=256, and run in 8 warps, where
-    the ``[K, 64]`` state block and the chunk's tiles do not spill (ptxas and timings in
-    docs/BENCHMARKS.md).
+    bf16 tiles with ``K <= 128`` are pipelined two deep, in 4 warps (two programs per SM; faster
+    than 8 warps); float32 / float64 ``[64, K]`` tiles do not fit twice in shared memory, nor do
+    bf16 ones with K=256, and run in 8 warps, one stage (timings in docs/BENCHMARKS.md).
 
     Each program walks all chunks of its sequence in order, so the scan's time is the number of
     chunks times one step's latency once every program has an SM slot. When the pipelined scan's

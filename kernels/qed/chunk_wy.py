@@ -29,7 +29,7 @@ from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_sl
 WY_BKS = 32
 """Key slice of the W/U kernel."""
 WY_BVS = 32
-"""Value slice of the W/U kernel (at 64 it spills with 4 warps)."""
+"""Value slice of the W/U kernel."""
 WY_WARPS = 4
 INVERSE_WARPS = 1
 """Warps of the two kernels, by rule (no autotuning). The inverse runs in one warp: its forward
