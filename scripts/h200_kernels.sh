@@ -9,7 +9,8 @@
 # Environment: PARTS (default "tests bench"; "fault": the backward tests FAULT_K names, each alone
 # (under compute-sanitizer's memcheck where the machine has it); "traffic": per-kernel times joined with the byte model of
 # bench/forward_traffic.py, and scripts/scan_configs.py; "scans": scripts/scan_configs.py at T = 4K, 8K, 16K, 32K with
-# 32K tokens each, one process a shape), TEST_SECONDS (default 360; the whole set needs about 300 s), BENCH_SECONDS (default 330),
+# 32K tokens each, one process a shape; "ncu": Nsight Compute's counters for every kernel of one qed_chunk forward,
+# probes off and on, and of fla's, scripts/ncu_forward.py), TEST_SECONDS (default 360; the whole set needs about 300 s), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: .whl/BUILD, written by scripts/device_wheels.sh).
 # Output in $OUT: gpu_tests.log (gpu_faults.log: the tests that hit a kernel fault, rerun alone),
@@ -77,4 +78,11 @@ if [[ " $PARTS " == *" scans "* ]]; then
         echo "== T=$T (exit $?)"
         grep -E "'rule': True|qed_state" "$OUT/scan_configs-T$T.log" | cut -c1-150
     done
+fi
+if [[ " $PARTS " == *" ncu "* ]]; then
+    timeout 300 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section WarpStateStats --section LaunchStats \
+        python3 "$REPO"/scripts/ncu_forward.py > "$OUT/ncu_forward.txt" 2>&1
+    echo "ncu exit $?"
+    grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per" "$OUT/ncu_forward.txt" | head -120
 fi
