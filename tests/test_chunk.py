@@ -28,6 +28,21 @@ def test_every_arm_float64(arm):
         assert got[2]["Sd"].abs().max() > 1e-3  # the probe is not trivially zero
 
 
+@pytest.mark.parametrize("K", [32, 40])
+def test_output_kernel_in_key_blocks(monkeypatch, K):
+    """The output kernel's loop over the state's rows in key blocks of 16 (two pipeline stages;
+    with K=40 the last block is half masked) gives float64 qed_naive's output and Sd probe."""
+    from qedprobe.kernels.qed import chunk_scan
+    monkeypatch.setattr(chunk_scan, "OUTPUT_KEY_BLOCK", 16)
+    monkeypatch.setattr(chunk_scan, "OUTPUT_STAGES", 2)
+    x = chunk_inputs(B=2, T=150, H=2, K=K, V=16, seed=26)
+    h0 = torch.randn(2, 2, K, 16, dtype=torch.float64, device=DEVICE)
+    kw = dict(arm="full", initial_state=h0, output_final_state=True, return_probes=True)
+    got = qed_chunk(*op_args(x), **kw)
+    assert_outputs_close(got, qed_naive(*op_args(x), **kw), atol=1e-10)
+    assert got[2]["Sd"].abs().max() > 1e-3
+
+
 def test_per_token_lam_and_options():
     x = chunk_inputs(B=1, T=77, K=32, V=16, lam_token=True, seed=3)
     kw = dict(arm="full", scale=0.3, output_final_state=True, return_probes=True)

@@ -86,6 +86,22 @@ def qed_state_kernel(
         tl.store(p_h, S.to(ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
 
 
+@triton.jit
+def _key_block(hs, qg, dg, rows, m_t, o_k, o_v, m_v, k0, i_hv, HV: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, PROBES: tl.constexpr):
+    """Key rows ``k0 + o_k`` of one chunk-start state block (``hs`` moved to the state) and the
+    same key columns of ``qg`` and, with probes, ``dg`` (else ``qg`` again, unused)."""
+    c_k = k0 + o_k
+    m_c = c_k < K
+    b_h = tl.load(hs + c_k[:, None] * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.)
+    m_rk = m_t[:, None] & m_c[None, :]
+    b_qg = tl.load(qg + rows[:, None] * (HV * K) + i_hv * K + c_k[None, :], mask=m_rk, other=0.)
+    b_dg = b_qg
+    if PROBES:
+        b_dg = tl.load(dg + rows[:, None] * (HV * K) + i_hv * K + c_k[None, :], mask=m_rk, other=0.)
+    return b_h, b_qg, b_dg
+
+
 @triton.heuristics({
     "PROBES": lambda args: args["sd"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -101,20 +117,26 @@ def qed_output_kernel(
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_v = tl.program_id(2)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
-    rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
-    b_h = tl.load(hs + (i_g * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0.)
+    rows, m_t, _, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
+    p_h = hs + (i_g * HV + i_hv) * K * V
+    # The first key block of the state's rows with the intra-chunk terms, then the other blocks
+    # (none when BK covers K; with num_stages > 1 each block's loads overlap the products before).
+    b_h, b_qg, b_dg = _key_block(p_h, qg, dg, rows, m_t, o_k, o_v, m_v, 0, i_hv, HV, K, V, PROBES)
     b_r = tl.load(r + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], mask=m_tv, other=0.)
-    b_qg = tl.load(qg + rows[:, None] * (HV * K) + i_hv * K + o_k[None, :], mask=m_tk, other=0.)
     b_a = tl.load(aqk + rows[:, None] * (HV * BT) + i_hv * BT + o_t[None, :],
                   mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
     b_o = tl.dot(b_qg, b_h, input_precision=PREC) + tl.dot(b_a, b_r, input_precision=PREC)
-    tl.store(o + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
     if PROBES:
-        b_dg = tl.load(dg + rows[:, None] * (HV * K) + i_hv * K + o_k[None, :], mask=m_tk, other=0.)
         b_ad = tl.load(adk + rows[:, None] * (HV * BT) + i_hv * BT + o_t[None, :],
                        mask=m_t[:, None] & (o_t[:, None] > o_t[None, :]), other=0.)
         b_sd = tl.dot(b_dg, b_h, input_precision=PREC) + tl.dot(b_ad, b_r, input_precision=PREC)
+    for k0 in tl.range(BK, K, BK):
+        b_h, b_qg, b_dg = _key_block(p_h, qg, dg, rows, m_t, o_k, o_v, m_v, k0, i_hv, HV, K, V, PROBES)
+        b_o += tl.dot(b_qg, b_h, input_precision=PREC)
+        if PROBES:
+            b_sd += tl.dot(b_dg, b_h, input_precision=PREC)
+    tl.store(o + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+    if PROBES:
         tl.store(sd + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_sd.to(sd.dtype.element_ty), mask=m_tv)
 
 
@@ -154,6 +176,14 @@ def multiprocessors(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
+OUTPUT_KEY_BLOCK = 256
+OUTPUT_STAGES = 1
+"""Key block of the output kernel's loop over the chunk-start state's rows and the loop's pipeline
+depth: by default one block over the whole key axis (K <= 256), unpipelined. Smaller blocks in two
+or more stages let the next block's ``hs, qg, dg`` loads overlap the current block's products
+(``scripts/h200_screen.sh`` with ``chunk_scan.OUTPUT_KEY_BLOCK=64 chunk_scan.OUTPUT_STAGES=2``)."""
+
+
 def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int]:
     """``(BV, num_warps)`` of the output kernel, by rule (its programs are independent: one per
     chunk, value head and value block): bf16 tiles without probes take the whole value axis up to
@@ -190,10 +220,10 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     :func:`output_config` (for screening configurations, ``scripts/scan_configs.py``)."""
     _, T, HV, K = qg.shape
     V = r.shape[-1]
-    BK = triton.next_power_of_2(K)
     BV, num_warps = config or output_config(V, qg.dtype, sd is not None)
     qed_output_kernel[(*lay.grid, triton.cdiv(V, BV))](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PREC=lay.prec, num_warps=num_warps, num_stages=1,
+        HV=HV, K=K, V=V, BT=BT, BK=min(OUTPUT_KEY_BLOCK, triton.next_power_of_2(K)), BV=BV, PREC=lay.prec,
+        num_warps=num_warps, num_stages=OUTPUT_STAGES,
     )
