@@ -1,14 +1,15 @@
 """Time the two scan launches of the ``qed_chunk`` forward under other launch configurations at
 the benchmark shape (or another ``--B``, ``--T``), each result compared with the rule configuration's.
 
-    python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--json PATH]
+    python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--state-only] [--json PATH]
 
 Why: the state scan's ``N * HV * cdiv(V, BV)`` programs (256 at the benchmark shape, 32 at
 ``--B 1 --T 32768`` with ``BV = 64``) each walk every chunk of a sequence in order, so its best value
 block depends on how many programs fill the GPU's SMs (two per SM at 4 warps, one at 8;
 docs/BENCHMARKS.md has the registers and spills of each configuration). The output kernel at
-``BV = 128`` reads ``qg`` and ``A_qk`` once instead of twice. The fastest configuration that matches
-becomes the rule.
+``BV = 128`` reads ``qg`` and ``A_qk`` (with probes also ``dg`` and ``A_dk``) once instead of twice;
+in pipelined key blocks its loads can overlap its products. The fastest configuration that
+matches becomes the rule.
 
 Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
 Prints one line per configuration; ``--json`` writes the rows.
@@ -24,6 +25,7 @@ import triton
 from triton.testing import do_bench
 
 from qedprobe.kernels.qed.chunk import chunk_intra_fwd, chunk_precision, direction_inputs
+from qedprobe.kernels.qed import chunk_scan
 from qedprobe.kernels.qed.chunk_common import chunk_layout
 from qedprobe.kernels.qed.chunk_scan import (chunk_output_fwd, chunk_state_fwd, multiprocessors, output_config,
                                              state_config)
@@ -33,7 +35,10 @@ STATE_CONFIGS = [(bv, warps, stages) for bv in (16, 32, 64) for warps in (4, 8) 
                  if (bv, warps, stages) != (32, 4, 1)]
 """Every (BV, warps, stages) but (32, 4, 1), which faults under Triton 3.6 (docs/BENCHMARKS.md), and a
 fault ends every later timing of the process."""
-OUTPUT_CONFIGS = [(bv, warps) for bv in (64, 128) for warps in (4, 8)]
+OUTPUT_CONFIGS = [(bv, warps, kb, stages) for bv in (64, 128) for warps in (4, 8)
+                  for kb, stages in ((256, 1), (32, 2), (32, 3))]
+"""(BV, warps, key block, stages) of the output kernel, probes off and on; the key block and stages
+are ``chunk_scan.OUTPUT_KEY_BLOCK`` / ``OUTPUT_STAGES`` (256, 1: one block, as by default)."""
 
 
 def inputs(B, T, H, K, V, dev):
@@ -59,6 +64,7 @@ def main():
     for n, v in dict(B=8, T=4096, H=16, K=128, V=128).items():
         ap.add_argument(f"--{n}", type=int, default=v)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--state-only", action="store_true", help="screen the state scan only, not the output kernel")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     q, k, v, g, b, w, lam = inputs(a.B, a.T, a.H, a.K, a.V, dev)
@@ -67,23 +73,31 @@ def main():
     inter, prec = chunk_precision(P, q, k, v, b, w)
     lay = chunk_layout(P, None, dev, prec)
     intra = chunk_intra_fwd(direction_inputs(P, q, k, b, lam, "full", None, None, True), v, w, g, scale=P.scale,
-                            lay=lay, inter=inter, probes=False)
+                            lay=lay, inter=inter, probes=True)
     hs, r = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter), torch.empty_like(intra.wy.u)
     o = torch.empty_like(v)
+    sd = torch.empty(v.shape, device=dev, dtype=P.compute_dtype)
 
     def state(config):
         return lambda: chunk_state_fwd(lay, w=intra.wy.w, u=intra.wy.u, kg=intra.prep.kg, gl=intra.prep.gl, hs=hs,
                                        r=r, T=P.T, N=P.N, config=config)
 
-    def output(bv, warps):
-        return lambda: chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, config=(bv, warps))
+    def output(bv, warps, key_block, stages, probes):
+        def run():
+            chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES = key_block, stages
+            extra = dict(dg=intra.prep.dg, adk=intra.adk, sd=sd) if probes else {}
+            chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, config=(bv, warps), **extra)
+        return run
 
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device))
     state(rule)()
     ref_hs, ref_r = hs.clone(), r.clone()
-    out_rule = output_config(P.V, inter, False)
-    output(*out_rule)()
-    ref_o = o.clone()
+    out_rules = {p: (*output_config(P.V, inter, p), chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES)
+                 for p in (False, True)}
+    refs = {}
+    for p, cfg in out_rules.items():
+        output(*cfg, p)()
+        refs[p] = (o.clone(), sd.clone() if p else None)
     rows = []
     for cfg in STATE_CONFIGS:
         t = timed(state(cfg))
@@ -92,11 +106,15 @@ def main():
                          max_diff=max((hs - ref_hs).abs().max().item(), (r - ref_r).abs().max().item())))
         print(rows[-1], flush=True)
     state(rule)()  # the output kernel reads the rule configuration's states and residuals
-    for bv, warps in OUTPUT_CONFIGS:
-        t = timed(output(bv, warps))
-        rows.append(dict(kernel="qed_output_kernel", BV=bv, warps=warps, ms=round(t, 4),
-                         rule=(bv, warps) == out_rule, max_diff=(o - ref_o).abs().max().item()))
-        print(rows[-1], flush=True)
+    for cfg in [] if a.state_only else OUTPUT_CONFIGS:
+        for p in (False, True):
+            t = timed(output(*cfg, p))
+            diff = (o - refs[p][0]).abs().max().item()
+            if p:
+                diff = max(diff, (sd - refs[p][1]).abs().max().item())
+            rows.append(dict(kernel="qed_output_kernel", BV=cfg[0], warps=cfg[1], key_block=cfg[2], stages=cfg[3],
+                             probes=p, ms=round(t, 4), rule=cfg == out_rules[p], max_diff=diff))
+            print(rows[-1], flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(shape=vars(a), device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
