@@ -62,7 +62,7 @@ SCORES_BWD_WARPS = 4
 ``[16, 32]`` (4 elements a thread at four warps), its work elementwise on them and ``[16, 16] x
 [16, 32]`` products, with one reduction (a block's sum of ``dkg kg`` over its 16 rows) made once.
 Slices of 32 as fla's intra backward; 64 would halve the re-reads of ``dA`` (once per key slice)
-at a third more registers (``bench/chunk_aot.py bwd``), not yet timed."""
+at a third more registers (``bench/chunk_aot.py bwd``)."""
 
 DG_BWD_BKS = 32
 DG_BWD_WARPS = 4
