@@ -37,6 +37,7 @@ from qedprobe.kernels.qed.chunk_bwd_intra import (DG_BWD_BKS, DG_BWD_WARPS, SCOR
 from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
+from qedprobe.kernels.qed import chunk_scan
 from qedprobe.kernels.qed.chunk_scan import output_config, qed_output_kernel, qed_state_kernel, state_config
 
 TGT = GPUTarget("cuda", 90, 32)
@@ -124,9 +125,13 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                  dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_BKS, K), BVS=min(chunk_wy.WY_BVS, V),
                       DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.WY_WARPS)
-    BV, nw, stages = state_config(K, V, torch.float32 if fp32 else torch.bfloat16)
+    dtype = torch.float32 if fp32 else torch.bfloat16
     BK = triton.next_power_of_2(K)
-    if not probes:  # the state scan does not depend on the probes
+    # the state scan (independent of the probes) at each configuration its rule can take: many
+    # scans, and one (few, long sequences)
+    configs = {state_config(K, V, dtype, scans=n, sm_count=132) for n in (1 << 20, 1)} if not probes else ()
+    for BV, nw, stages in sorted(configs):
+        print(f"BV={BV:<3d}", end=" ")
         compile_(qed_state_kernel,
                  dict(w=f"*{io}", u=f"*{io}", kg=f"*{io}", gl="*fp32", h0="*fp32", hs=f"*{io}", r=f"*{io}",
                       ht="*fp32", T="i32"),
@@ -134,13 +139,13 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                       USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, cu_seqlens=None,
                       chunk_offsets=None),
                  warps or nw, stages)
-    out_bv, out_warps = output_config(V, torch.float32 if fp32 else torch.bfloat16, probes)
+    out_bv, out_warps = output_config(V, dtype, probes)
     compile_(qed_output_kernel,
              dict(qg=f"*{io}", aqk=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32", **opt("dg", f"*{io}"),
                   **opt("adk", f"*{io}"), **opt("sd", "*fp32")),
-             dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=out_bv, PREC=prec, PROBES=probes, IS_VARLEN=False,
-                  cu_seqlens=None, chunk_indices=None, **absent("dg", "adk", "sd")),
-             warps or out_warps)
+             dict(HV=H, K=K, V=V, BT=BT, BK=min(chunk_scan.OUTPUT_KEY_BLOCK, BK), BV=out_bv, PREC=prec,
+                  PROBES=probes, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None, **absent("dg", "adk", "sd")),
+             warps or out_warps, chunk_scan.OUTPUT_STAGES)
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):

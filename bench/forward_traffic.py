@@ -41,6 +41,8 @@ IO, F32 = 2, 4
 """Bytes per element of the benchmark's inputs / intermediates (bf16) and of float32 tensors."""
 PEAK_TBS = 4.8
 """The H200's HBM3e bandwidth by its specification, TB/s."""
+H200_SMS = 132
+"""The H200's streaming multiprocessors (the state scan's value block depends on them)."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
     against the wrappers' outputs with float32 ones)."""
     tk, tv, tr, ta = s.rows * s.K, s.rows * s.V, s.rows, s.rows * BT
     states = s.chunks * s.K * s.V
-    nvb_state = triton.cdiv(s.V, state_config(s.K, s.V, torch.bfloat16)[0])
+    nvb_state = triton.cdiv(s.V, state_config(s.K, s.V, torch.bfloat16, scans=s.B * s.H, sm_count=H200_SMS)[0])
     nvb_out = triton.cdiv(s.V, output_config(s.V, torch.bfloat16, probes)[0])
     p = lambda *acc: acc if probes else ()  # noqa: E731
     prep = Launch("prep (qed_prep_kernel)",

@@ -41,6 +41,9 @@ def test_output_kernel_in_key_blocks(monkeypatch, K):
     got = qed_chunk(*op_args(x), **kw)
     assert_outputs_close(got, qed_naive(*op_args(x), **kw), atol=1e-10)
     assert got[2]["Sd"].abs().max() > 1e-3
+    monkeypatch.setattr(chunk_scan, "OUTPUT_KEY_BLOCK", 24)
+    with pytest.raises(ValueError, match="OUTPUT_KEY_BLOCK must be a power of two"):
+        qed_chunk(*op_args(x), **kw)
 
 
 def test_per_token_lam_and_options():
@@ -234,15 +237,21 @@ def test_gpu_state_scan_value_blocks_agree(monkeypatch):
     x, ref_in = low_precision(x64, torch.bfloat16)
     kw = dict(arm="full", output_final_state=True, return_probes=True)
     ref = qed_naive(*op_args(ref_in), **kw)
-    runs = {}
-    for slots in (chunk_scan.STATE_PROGRAMS_PER_SM, 0):
+    runs, narrow = {}, chunk_scan.STATE_PROGRAMS_PER_SM
+    sms = chunk_scan.multiprocessors(torch.device("cuda"))
+    for slots in (narrow, 0):
         monkeypatch.setattr(chunk_scan, "STATE_PROGRAMS_PER_SM", slots)
+        assert chunk_scan.state_config(128, 128, torch.bfloat16, scans=2, sm_count=sms)[0] == (32 if slots else 64)
         o, s, p = runs[slots] = qed_chunk(*op_args(x), **kw)
         assert_close("o", o, ref[0], 2e-2)
         assert_close("state", s, ref[1], 2e-2)
         for n in PROBES:
             assert_close(n, p[n], ref[2][n], 2e-2)
-    assert_outputs_close(runs[0], runs[chunk_scan.STATE_PROGRAMS_PER_SM], atol=1e-3, rtol=1e-3)
+    (o64, s64, p64), (o32, s32, p32) = runs[0], runs[narrow]
+    assert_close("o (BV 32 vs 64)", o32, o64, 1e-3)
+    assert_close("state (BV 32 vs 64)", s32, s64, 1e-3)
+    for n in PROBES:
+        assert_close(f"{n} (BV 32 vs 64)", p32[n], p64[n], 1e-3)
 
 
 @gpu

@@ -20,6 +20,8 @@ States are ``[NC, HV, K, V]`` by global chunk index.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -171,6 +173,7 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
 
 
+@functools.lru_cache
 def multiprocessors(device: torch.device) -> int | None:
     """Streaming multiprocessors of a CUDA ``device`` (None elsewhere: the interpreter)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
@@ -221,6 +224,9 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     _, T, HV, K = qg.shape
     V = r.shape[-1]
     BV, num_warps = config or output_config(V, qg.dtype, sd is not None)
+    if OUTPUT_KEY_BLOCK < 16 or OUTPUT_KEY_BLOCK & (OUTPUT_KEY_BLOCK - 1):
+        raise ValueError(f"chunk_scan.OUTPUT_KEY_BLOCK must be a power of two of at least 16 (a tl.dot "
+                         f"operand's side), got {OUTPUT_KEY_BLOCK}")
     qed_output_kernel[(*lay.grid, triton.cdiv(V, BV))](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
