@@ -252,7 +252,7 @@ def main() -> int:
         P(rows.table())
         return 0
     # The rows with targets first (forward + backward, decode, every T), so that a budget cut by
-    # fla's autotuning leaves out only the per-arm and grouped-head rows.
+    # fla's autotuning leaves out the rows without targets (per arm, grouped heads) first.
     if left() > 30:
         rows.add("qed_chunk fwd+bwd (full)", main, ms(fwd_bwd(qed_fn, x, GRAD_WRT)), fla_fb,
                  "(ref: fla fwd+bwd, measured first)")
