@@ -37,6 +37,7 @@ from qedprobe.kernels.qed.chunk_bwd_intra import (DG_BWD_BKS, DG_BWD_WARPS, SCOR
 from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
+from forward_traffic import H200_SMS
 from qedprobe.kernels.qed import chunk_scan
 from qedprobe.kernels.qed.chunk_scan import output_config, qed_output_kernel, qed_state_kernel, state_config
 
@@ -129,7 +130,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
     BK = triton.next_power_of_2(K)
     # the state scan (independent of the probes) at each configuration its rule can take: many
     # scans, and one (few, long sequences)
-    configs = {state_config(K, V, dtype, scans=n, sm_count=132) for n in (1 << 20, 1)} if not probes else ()
+    configs = {state_config(K, V, dtype, scans=n, sm_count=H200_SMS) for n in (1 << 20, 1)} if not probes else ()
     for BV, nw, stages in sorted(configs):
         print(f"BV={BV:<3d}", end=" ")
         compile_(qed_state_kernel,

@@ -37,8 +37,8 @@ STATE_CONFIGS = [(bv, warps, stages) for bv in (16, 32, 64) for warps in (4, 8) 
 fault ends every later timing of the process."""
 OUTPUT_CONFIGS = [(bv, warps, kb, stages) for bv in (64, 128) for warps in (4, 8)
                   for kb, stages in ((256, 1), (32, 2), (32, 3))]
-"""(BV, warps, key block, stages) of the output kernel, probes off and on; the key block and stages
-are ``chunk_scan.OUTPUT_KEY_BLOCK`` / ``OUTPUT_STAGES`` (256, 1: one block, as by default)."""
+"""(BV, warps, key block, stages) of the output kernel (``chunk_output_fwd``'s ``config``), probes off
+and on; (256, 1): one key block, unpipelined, as by default."""
 
 
 def inputs(B, T, H, K, V, dev):
@@ -82,16 +82,9 @@ def main():
         return lambda: chunk_state_fwd(lay, w=intra.wy.w, u=intra.wy.u, kg=intra.prep.kg, gl=intra.prep.gl, hs=hs,
                                        r=r, T=P.T, N=P.N, config=config)
 
-    def output(bv, warps, key_block, stages, probes):
-        def run():
-            saved = chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES
-            chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES = key_block, stages
-            try:
-                extra = dict(dg=intra.prep.dg, adk=intra.adk, sd=sd) if probes else {}
-                chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, config=(bv, warps), **extra)
-            finally:
-                chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES = saved
-        return run
+    def output(cfg, probes):
+        extra = dict(dg=intra.prep.dg, adk=intra.adk, sd=sd) if probes else {}
+        return lambda: chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o, config=cfg, **extra)
 
     def effective(cfg):
         """An output configuration as launched: value and key blocks clipped to V and K."""
@@ -107,7 +100,7 @@ def main():
         [effective(c) for c in OUTPUT_CONFIGS] + [effective(c) for c in out_rules.values()]))
     refs = {}
     for p, cfg in ([] if a.state_only else out_rules.items()):
-        output(*cfg, p)()
+        output(cfg, p)()
         refs[p] = (o.clone(), sd.clone() if p else None)
     rows = []
     for cfg in STATE_CONFIGS:
@@ -119,7 +112,7 @@ def main():
     state(rule)()  # the output kernel reads the rule configuration's states and residuals
     for cfg in out_configs:
         for p in (False, True):
-            t = timed(output(*cfg, p))
+            t = timed(output(cfg, p))
             diff = (o - refs[p][0]).abs().max().item()
             if p:
                 diff = max(diff, (sd - refs[p][1]).abs().max().item())

@@ -42,7 +42,7 @@ def test_output_kernel_in_key_blocks(monkeypatch, K):
     assert_outputs_close(got, qed_naive(*op_args(x), **kw), atol=1e-10)
     assert got[2]["Sd"].abs().max() > 1e-3
     monkeypatch.setattr(chunk_scan, "OUTPUT_KEY_BLOCK", 24)
-    with pytest.raises(ValueError, match="OUTPUT_KEY_BLOCK must be a power of two"):
+    with pytest.raises(ValueError, match=r"key block \(chunk_scan.OUTPUT_KEY_BLOCK\) must be a power of two"):
         qed_chunk(*op_args(x), **kw)
 
 

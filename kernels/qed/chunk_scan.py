@@ -167,9 +167,9 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
     pipelined = inter_dtype == torch.bfloat16 and BK <= 128
-    if pipelined and scans is not None and sm_count is not None:
-        if scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
-            BV = 32
+    if pipelined and scans is not None and sm_count is not None \
+            and scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
+        BV = 32
     return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
 
 
@@ -217,19 +217,21 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=N
 
 
 def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None,
-                     config: tuple[int, int] | None = None) -> None:
+                     config: tuple[int, int, int, int] | None = None) -> None:
     """Launch ``qed_output_kernel`` (grid: chunks x value heads x value blocks): writes ``o`` and,
-    with probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps)`` overrides
-    :func:`output_config` (for screening configurations, ``scripts/scan_configs.py``)."""
+    with probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps, key_block, num_stages)``
+    overrides :func:`output_config` and ``OUTPUT_KEY_BLOCK``, ``OUTPUT_STAGES`` (for screening
+    configurations, ``scripts/scan_configs.py``)."""
     _, T, HV, K = qg.shape
     V = r.shape[-1]
-    BV, num_warps = config or output_config(V, qg.dtype, sd is not None)
-    if OUTPUT_KEY_BLOCK < 16 or OUTPUT_KEY_BLOCK & (OUTPUT_KEY_BLOCK - 1):
-        raise ValueError(f"chunk_scan.OUTPUT_KEY_BLOCK must be a power of two of at least 16 (a tl.dot "
-                         f"operand's side), got {OUTPUT_KEY_BLOCK}")
+    BV, num_warps, key_block, num_stages = config or (*output_config(V, qg.dtype, sd is not None),
+                                                      OUTPUT_KEY_BLOCK, OUTPUT_STAGES)
+    if key_block < 16 or key_block & (key_block - 1):
+        raise ValueError(f"qed_output_kernel: the key block (chunk_scan.OUTPUT_KEY_BLOCK) must be a power of "
+                         f"two of at least 16 (a tl.dot operand's side), got {key_block}")
     qed_output_kernel[(*lay.grid, triton.cdiv(V, BV))](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        HV=HV, K=K, V=V, BT=BT, BK=min(OUTPUT_KEY_BLOCK, triton.next_power_of_2(K)), BV=BV, PREC=lay.prec,
-        num_warps=num_warps, num_stages=OUTPUT_STAGES,
+        HV=HV, K=K, V=V, BT=BT, BK=min(key_block, triton.next_power_of_2(K)), BV=BV, PREC=lay.prec,
+        num_warps=num_warps, num_stages=num_stages,
     )
