@@ -10,7 +10,8 @@
 # (under compute-sanitizer's memcheck where the machine has it); "traffic": per-kernel times joined with the byte model of
 # bench/forward_traffic.py, and scripts/scan_configs.py; "scans": scripts/scan_configs.py at T = 4K, 8K, 16K, 32K with
 # 32K tokens each, one process a shape (the output kernel's settings at 4K only); "ncu": Nsight Compute's counters for every kernel of one qed_chunk forward,
-# probes off and on, and of fla's, scripts/ncu_forward.py), TEST_SECONDS (default 360; the whole set needs about 300 s), BENCH_SECONDS (default 330),
+# probes off and on, and of fla's, scripts/ncu_forward.py; "versions": scripts/h200_kernel_versions.sh on the trees
+# scripts/kernel_trees.sh made, carried as .trees), TEST_SECONDS (default 360; the whole set needs about 300 s), BENCH_SECONDS (default 330),
 # FLA_BWD=1 to include test_gpu_vs_fla_gdn2_backward (fla autotunes its backward for minutes),
 # COMMIT (the commit the wheel was built from; default: .whl/BUILD, written by scripts/device_wheels.sh).
 # Output in $OUT: gpu_tests.log (gpu_faults.log: the tests that hit a kernel fault, rerun alone),
@@ -70,6 +71,9 @@ if [[ " $PARTS " == *" traffic "* ]]; then
         2>&1 | tail -40
     python3 "$REPO"/bench/forward_traffic.py --measured "$OUT/kernels_parts.json" | tee "$OUT/forward_traffic.md" | tail -40
     timeout 200 python3 "$REPO"/scripts/scan_configs.py --json "$OUT/scan_configs.json" 2>&1 | tail -20
+fi
+if [[ " $PARTS " == *" versions "* ]]; then
+    bash "$REPO"/scripts/h200_kernel_versions.sh
 fi
 if [[ " $PARTS " == *" scans "* ]]; then
     for T in 4096 8192 16384 32768; do
