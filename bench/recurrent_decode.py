@@ -2,12 +2,17 @@
 
     python bench/recurrent_decode.py            # needs CUDA; fla optional; writes $OUT/recurrent_decode.json
     python bench/recurrent_decode.py --screen   # launch configurations of a decode step, by batch size
+    python bench/recurrent_decode.py --host-only   # any machine: the two wrappers' host paths alone
 
 
 ``bench_decode(B, H, K, V, dtype)`` returns microseconds per step: the median of
 ``triton.testing.do_bench`` (it includes any host-side gap between
 launches), the GPU-only time from CUDA-graph replays, and the host time per call; plus the
 relative error of ``o`` against ``qed_naive`` in float64 on the same inputs.
+
+``--host-only`` (no GPU needed) times the Python side of one decode step of each op, B=16, H=16,
+K=V=128, on CPU tensors with every Triton launch replaced by a no-op: the part of the eager
+decode step that the device does not set, for comparing host paths on a machine without a GPU.
 
 ``--screen`` times one decode step as a model's CUDA-graph decode runs it (the state updated in
 place, ``inplace_final_state=True``; the CUDA-graph time of :func:`_times`) for every launch configuration of
@@ -33,9 +38,9 @@ SCREEN_SHAPES = ((1, 16), (16, 16), (64, 16), (20, 6), (64, 6), (128, 6), (256, 
 SCREEN_CONFIGS = ((32, 4), (32, 2), (64, 2), (64, 4), (128, 4), (16, 2))
 
 
-def _inputs(B, T, H, K, V, dtype):
-    r = lambda *s, dt=dtype: torch.randn(*s, device="cuda", dtype=dt)  # noqa: E731
-    u = lambda *s, dt=dtype: torch.rand(*s, device="cuda", dtype=dt)  # noqa: E731
+def _inputs(B, T, H, K, V, dtype, device="cuda"):
+    r = lambda *s, dt=dtype: torch.randn(*s, device=device, dtype=dt)  # noqa: E731
+    u = lambda *s, dt=dtype: torch.rand(*s, device=device, dtype=dt)  # noqa: E731
     return dict(q=r(B, T, H, K), k=r(B, T, H, K), v=0.5 * r(B, T, H, V), g=-0.1 * u(B, T, H, K, dt=torch.float32),
                 b=u(B, T, H, K), w=u(B, T, H, V), lam=0.1 * u(H, dt=torch.float32),
                 h0=r(B, H, K, V, dt=torch.float32))
@@ -124,7 +129,46 @@ def screen(K: int = 128, V: int = 128) -> list[dict]:
     return rows
 
 
+def host_paths(B: int = 16, H: int = 16, K: int = 128, V: int = 128, calls: int = 2000) -> dict:
+    """Microseconds per call of ``qed_recurrent`` and fla's ``fused_recurrent_gdn2`` (if installed)
+    on CPU tensors with Triton's launch stubbed out (the median of 7 loops of ``calls`` calls)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    launchers = (JITFunction, InterpretedFunction)  # compiled, or TRITON_INTERPRET=1
+    real_runs = [cls.run for cls in launchers]
+    for cls in launchers:
+        cls.run = lambda self, *args, **kwargs: None
+    try:
+        x = _inputs(B, 1, H, K, V, torch.bfloat16, device="cpu")
+        fns = {"qed_host_us": lambda: qed_recurrent(*[x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")],
+                                                    initial_state=x["h0"], output_final_state=True)}
+        try:
+            from fla.ops.gdn2 import fused_recurrent_gdn2
+            fns["fla_host_us"] = lambda: fused_recurrent_gdn2(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"],
+                                                              initial_state=x["h0"], output_final_state=True,
+                                                              use_qk_l2norm_in_kernel=True)
+        except ImportError:
+            pass
+        res = {"B": B, "H": H, "K": K, "V": V}
+        for name, fn in fns.items():
+            fn()
+            loops = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                loops.append(1e6 * (time.perf_counter() - t0) / calls)
+            res[name] = round(sorted(loops)[3], 2)
+        return res
+    finally:
+        for cls, run in zip(launchers, real_runs):
+            cls.run = run
+
+
 def main() -> int:
+    if "--host-only" in sys.argv[1:]:
+        print(json.dumps(host_paths()))
+        return 0
     if not torch.cuda.is_available():
         print("recurrent_decode: needs CUDA", file=sys.stderr)
         return 1

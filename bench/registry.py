@@ -46,7 +46,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "cuda", ("kernels.json",)),
     Benchmark("recurrent_decode", "recurrent_decode.py",
               "qed_recurrent per decode step (do_bench, CUDA-graph replay, host time) against fla "
-              "fused_recurrent_gdn2, and the launch-configuration sweep",
+              "fused_recurrent_gdn2, and the launch-configuration sweep (--host-only: the host paths "
+              "alone, on any machine)",
               "cuda", ("recurrent_decode.json",)),
     Benchmark("sweep", "sweep.py",
               "the Table-4 strength-sweep grid on a random 340M model (resumable over calls): wall time, "

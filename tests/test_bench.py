@@ -15,6 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))  # the runner imports its sibling registry.py by that name
 try:
     import forward_traffic
+    import recurrent_decode
     import registry
     import run
     import sweep as sweep_bench
@@ -28,6 +29,18 @@ def test_every_bench_script_is_registered():
     assert scripts == {b.script for b in registry.BENCHMARKS.values()}
     assert all(b.path.is_file() for b in registry.BENCHMARKS.values())
     assert not [p.name for p in BENCH.iterdir() if p.suffix not in (".py", "") and p.name != "__pycache__"]
+
+
+def test_decode_host_paths_time_both_wrappers_and_restore_the_launch():
+    """``recurrent_decode.py --host-only``: both wrappers timed with the launch stubbed out (their
+    host paths take microseconds, not the interpreter's milliseconds), the launch restored after."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    real_runs = (JITFunction.run, InterpretedFunction.run)
+    got = recurrent_decode.host_paths(calls=20)
+    assert (JITFunction.run, InterpretedFunction.run) == real_runs
+    assert set(got) >= {"qed_host_us", "fla_host_us"}
+    assert 0 < got["qed_host_us"] < 1000 and 0 < got["fla_host_us"] < 1000
 
 
 def test_unknown_benchmark_names_the_choices():
