@@ -13,8 +13,8 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
    (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
    and ``dg = d exp(G)``; for the backward (``HATS``) also ``G``, ``scale q``, ``k`` and ``a``
    (the backward's scores kernel loads them instead of rebuilding them; the forward does not
-   write them: its scores kernel takes the cumsum of ``g`` itself, which costs less than a
-   float32 ``G`` written here and read there).
+   write them: its scores kernel takes the cumsum of ``g`` itself instead of reading a float32
+   ``G`` written here).
 
 Both passes walk the key slices with the next slice's loads issued before the current slice's
 work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
