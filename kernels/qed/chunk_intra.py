@@ -478,7 +478,7 @@ def qed_scores_kernel(
     rq_i, rk_i, c_i, l_i = row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
     rk_f = tl.load(rk + rows * HV, mask=jm, other=0.).to(DT)
     NK: tl.constexpr = (K + BKS - 1) // BKS
-    span = tl.zeros([BC, BKS], dtype=DT)         # per row and channel, max over the slices
+    span = tl.zeros([BKS], dtype=DT)
     accq = tl.zeros([BC, BT], dtype=DT)
     acck = tl.zeros([BC, BT], dtype=DT)
     accd = tl.zeros([BC, BT], dtype=DT)
@@ -492,7 +492,7 @@ def qed_scores_kernel(
         G_f = tl.cumsum(p_gf.to(DT), 0)          # G of the key rows (the chunk's first row on)
         gs = tl.sum(tl.where((o_t == i_i * BC)[:, None], G_f, 0.), 0)
         D_i = _block_decay(p_gi.to(DT), BC)      # G_t - G_s of the block's rows
-        span = tl.maximum(span, tl.where(m_i[:, None], -D_i, 0.))
+        span = tl.maximum(span, tl.max(tl.where(m_i[:, None], -D_i, 0.), 0))
         k_f = p_kf.to(DT) * rk_f[:, None]
         b_q, _k, b_a, b_d = erase_from(p_q.to(DT), p_k.to(DT), p_b.to(DT), p_x, rq_i, rk_i, c_i, l_i, DIR_SOURCE,
                                        DIR_GATED, DT)
@@ -504,7 +504,7 @@ def qed_scores_kernel(
             accd += tl.dot(b_d * e1, kr, input_precision=PREC)
         p_gf, p_kf, p_gi, p_q, p_k, p_b, p_x = n_gf, n_kf, n_gi, n_q, n_k, n_b, n_x
     # a decay span over SPAN nats inside the block: its diagonal columns again, exactly
-    if tl.max(tl.max(span, 1), 0) > SPAN:
+    if tl.max(span, 0) > SPAN:
         eq, ek, ed = _diag_exact(q, k, b, z, d_in, g, rk, r_i, m_i, rq_i, rk_i, c_i, l_i, r_s, eos, i_i * BC, H,
                                  HV, K, BKS, DIR_SOURCE, DIR_GATED, PROBES, BC, BT, DT)
         diag = (o_t[None, :] >= i_i * BC) & (o_t[None, :] < (i_i + 1) * BC)
