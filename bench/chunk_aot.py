@@ -88,13 +88,13 @@ def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int |
     absent = lambda on, *names: {} if on else {n: None for n in names}  # noqa: E731
     compile_(chunk_intra.qed_prep_kernel,
              dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32", g="*fp32", rq="*fp32", rk="*fp32",
-                  cp="*fp32", kg=f"*{io}", qg=f"*{io}", ag=f"*{io}", gl="*fp32", scale="fp32",
+                  cp="*fp32", gc="*fp32", kg=f"*{io}", qg=f"*{io}", ag=f"*{io}", gl="*fp32", scale="fp32",
                   **opt(probes, dg=f"*{io}", rho="*fp32", eig="*fp32", d_out="*fp32"),
-                  **opt(hats, gc="*fp32", qs="*fp32", kh="*fp32", a_out="*fp32")),
+                  **opt(hats, qs="*fp32", kh="*fp32", a_out="*fp32")),
              dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
                   chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
                   PROBES=probes, HATS=hats, **absent(probes, "dg", "rho", "eig", "d_out"),
-                  **absent(hats, "gc", "qs", "kh", "a_out")),
+                  **absent(hats, "qs", "kh", "a_out")),
              warps or chunk_intra.PREP_WARPS)
 
 
@@ -112,7 +112,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
     inputs = dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32")
     compile_prep(io, K, H, probes, hats=False, warps=warps)
     compile_(chunk_intra.qed_scores_kernel,
-             dict(inputs, g="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
+             dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
                   scale="fp32", **opt("adk", f"*{io}")),
              dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
                   SPAN=chunk_intra.SPAN_MAX, PROBES=probes, **absent("adk")),

@@ -128,7 +128,7 @@ def test_forward_traffic_model_writes_what_the_wrappers_allocate(probes):
     xd = direction_inputs(P, q, k, b, lam, "full", None, None, True)
     kw = dict(scale=P.scale, lay=lay, inter_dtype=inter, probes=probes)
     prep = chunk_prep_fwd(xd, g, **kw)
-    scores = chunk_scores_fwd(xd, g, prep, **kw)
+    scores = chunk_scores_fwd(xd, prep, **kw)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
     hs, r = torch.empty(lay.NC, P.HV, P.K, P.V), torch.empty_like(v)

@@ -100,7 +100,7 @@ def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayo
                     probes: bool) -> IntraChunk:
     """The four intra-chunk launches (prep, scores, inverse, W/U) on contiguous ``v, w, g``."""
     prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
-    scores = chunk_scores_fwd(x, g, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
     return IntraChunk(prep=prep, aqk=scores.aqk, adk=scores.adk, ai=ai, wy=wy)

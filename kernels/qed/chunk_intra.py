@@ -11,10 +11,8 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
    projection coefficient), and the probes ``rho, e``.
 2. per key slice: ``G``, ``kg = k exp(G_last - G)``, ``qg = scale q exp(G)``, ``ag = a exp(G)``
    (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
-   and ``dg = d exp(G)``; for the backward (``HATS``) also ``G``, ``scale q``, ``k`` and ``a``
-   (the backward's scores kernel loads them instead of rebuilding them; the forward does not
-   write them: its scores kernel takes the cumsum of ``g`` itself instead of reading a float32
-   ``G`` written here).
+   and ``dg = d exp(G)``; for the backward (``HATS``) also ``scale q``, ``k`` and ``a`` (the
+   backward's scores kernel loads them instead of rebuilding them; the forward does not write them).
 
 Both passes walk the key slices with the next slice's loads issued before the current slice's
 work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
@@ -30,15 +28,14 @@ k_{j,c}``: ``A_kk`` (``x = a``, strict), ``A_qk`` (``x = scale q``, inclusive) a
 overflow); the diagonal block uses the same product when its decay span (max over the block's
 rows and all K) is at most ``SPAN_MAX`` nats, otherwise exact per-element exponentials.
 
-Its walk over the key slices loads, per slice, ``g`` and raw ``k`` of the key rows and ``g``, raw
-``q, k, b`` and the direction source of the block's rows, and takes ``G`` of the key rows as their
-cumsum (``G_s`` is its row ``s``) and ``G_t - G_s`` of the block's rows as the cumsum from row
-``s + 1``, the span from the same. Each iteration issues the next slice's loads before the current
-slice's work and holds them, in their stored dtypes, across the iteration, so each program has two
-slices of loads in flight and their latency overlaps the work on the slice before; past the last
-slice the prefetch is masked off (it reads nothing). The products use the reference point on
-every block; when the span exceeds ``SPAN_MAX`` a second walk recomputes the diagonal block's
-columns from exact exponentials, reading its key rows one at a time.
+Its two walks over the key slices, the span (``G`` at the block's first and last rows) and the
+products (per slice: ``G`` at the reference row; ``G`` and raw ``k`` of the key rows; ``G``, raw
+``q, k, b`` and the direction source of the block's rows), issue the next slice's loads before the
+current slice's work and hold them, in their stored dtypes, across the iteration; slice 0 of the
+products is issued before the span walk. Each program so has two slices of loads in flight, and
+their latency overlaps the work on the slice before. Past the last slice the prefetch is masked
+off (it reads nothing). Only the exact diagonal path, taken for spans over ``SPAN_MAX``, still
+reads its key rows one at a time.
 
 Grouped value heads: a program of value head ``i_hv`` reads query/key head ``i_hv // (HV // H)``
 (row stride ``H * K``); everything else is per value head (row stride ``HV * K``). The arm is the
@@ -291,8 +288,7 @@ def qed_prep_kernel(
         b_G = tl.cumsum(r_g, 0)
         b_glast = tl.sum(r_g, 0)
         b_ex = tl.exp(b_G)
-        if gc is not None:
-            store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
+        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
         store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
@@ -328,12 +324,11 @@ class DirectionInputs:
 @dataclass(frozen=True)
 class Prepared:
     """What ``qed_prep_kernel`` writes. Per row ``[B, T, HV]`` (state dtype): ``rq, rk`` (norm
-    factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``kg``,
-    ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl`` ``[NC, HV, K]``
-    (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d`` ``[B, T, HV,
-    K]`` in the state dtype. For the backward (``hats``, else ``None``): ``gc = G``, ``qs = scale
-    q_hat``, ``kh = k_hat`` and the erase vector ``a``, ``[B, T, HV, K]`` in the state dtype (the
-    forward's scores kernel builds ``G`` from ``g`` itself, so the forward does not write it)."""
+    factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``gc``
+    (``G``, state dtype), ``kg``, ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
+    ``[NC, HV, K]`` (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
+    ``[B, T, HV, K]`` in the state dtype. For the backward (``hats``, else ``None``): ``qs = scale
+    q_hat``, ``kh = k_hat`` and the erase vector ``a``, ``[B, T, HV, K]`` in the state dtype."""
 
     rq: torch.Tensor
     rk: torch.Tensor
@@ -360,7 +355,7 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
     bk = lambda dt: torch.empty(B, T, HV, K, device=dev, dtype=dt)  # noqa: E731
-    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct) if hats else None, kg=bk(inter_dtype),
+    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct), kg=bk(inter_dtype),
                    qg=bk(inter_dtype), ag=bk(inter_dtype),
                    gl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
@@ -379,62 +374,51 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
 
 # ----------------------------------------------------------------------------- scores kernel
 @triton.jit
-def _score_slice(q, k, b, z, d_in, g, rows, jm, r_i, m_i, i_k, H: tl.constexpr, HV: tl.constexpr,
+def _span_rows(gc, r_s, r_e, i_k, HV: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr):
+    """Key slice ``i_k`` of ``G`` at a row block's first and last rows ``r_s, r_e`` (``[BKS]``
+    each, stored dtype; past the last slice the loads are masked off and read nothing)."""
+    cols, m_c = channel_slice(i_k, BKS, K)
+    return (tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.),
+            tl.load(gc + r_e * (HV * K) + cols, mask=m_c, other=0.))
+
+
+@triton.jit
+def _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s, i_k, H: tl.constexpr, HV: tl.constexpr,
                  K: tl.constexpr, BKS: tl.constexpr, DIR_SOURCE: tl.constexpr):
     """Every load the scores kernel makes for key slice ``i_k``, in the stored dtypes (held across
     a loop iteration as a prefetch, converted where used; past the last slice the loads are
-    masked off and read nothing): ``g`` and the raw ``k`` of the key rows ``rows`` (``[BT, BKS]``,
-    mask ``jm``), ``g`` and the raw ``q, k, b`` of the block's rows ``r_i`` (``[BC, BKS]``) and
-    the direction source of those rows."""
+    masked off and read nothing): ``G`` at the reference row (``[BKS]``), ``G`` and the raw ``k``
+    of the key rows ``rows`` (``[BT, BKS]``, mask ``jm``), ``G`` and the raw ``q, k, b`` of the
+    block's rows ``r_i`` (``[BC, BKS]``) and the direction source of those rows."""
     cols, m_c = channel_slice(i_k, BKS, K)
     r_q, r_k, r_b = _slice_rows(q, k, b, r_i, m_i, i_k, H, HV, K, BKS)
-    return (load_tile(g, rows, jm, cols, m_c, HV * K, g.dtype.element_ty),
+    return (tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.),
+            load_tile(gc, rows, jm, cols, m_c, HV * K, gc.dtype.element_ty),
             load_tile(k, rows, jm, cols, m_c, H * K, k.dtype.element_ty),
-            load_tile(g, r_i, m_i, cols, m_c, HV * K, g.dtype.element_ty),
+            load_tile(gc, r_i, m_i, cols, m_c, HV * K, gc.dtype.element_ty),
             r_q, r_k, r_b, direction_source(z, d_in, r_i, m_i, cols, m_c, HV, K, DIR_SOURCE))
 
 
 @triton.jit
-def _block_decay(g_i, BC: tl.constexpr):
-    """``G_t - G_s`` for the block's rows ``t`` against its first row ``s`` (``[BC, BKS]``): the
-    cumsum of ``g`` over rows ``s+1 .. t`` (rows past the sequence's end hold ``g = 0``)."""
-    o_c = tl.arange(0, BC)
-    return tl.cumsum(tl.where(o_c[:, None] > 0, g_i, 0.), 0)
-
-
-@triton.jit
-def _diag_exact(q, k, b, z, d_in, g, rk, rows_i, m_i, rq_i, rk_i, c_i, l_i, r_s, eos, off, H: tl.constexpr,
-                HV: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr, DIR_SOURCE: tl.constexpr,
-                DIR_GATED: tl.constexpr, PROBES: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr,
-                DT: tl.constexpr):
-    """Columns ``off .. off+BC-1`` (the diagonal block) of the block's ``A_qk, A_kk, A_dk`` rows
-    from exact per-element exponentials ``e^{G_t - G_j}``, summed over all key slices (``[BC, BT]``
-    each, zero outside those columns); key row ``j`` is read from memory, its ``G_j - G_s`` taken
-    from the block's own decays."""
+def _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, off,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, PROBES: tl.constexpr, BC: tl.constexpr,
+                BT: tl.constexpr, DT: tl.constexpr):
+    """Columns ``off .. off+BC-1`` (the diagonal block) from exact per-element exponentials;
+    key row ``j`` and its ``G`` are read from memory."""
     r = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
-    eq = tl.zeros([BC, BT], dtype=DT)
-    ek = tl.zeros([BC, BT], dtype=DT)
-    ed = tl.zeros([BC, BT], dtype=DT)
-    for i_k in range((K + BKS - 1) // BKS):
-        cols, m_c = channel_slice(i_k, BKS, K)
-        r_q, r_k, r_b = _slice_rows(q, k, b, rows_i, m_i, i_k, H, HV, K, BKS)
-        src = direction_source(z, d_in, rows_i, m_i, cols, m_c, HV, K, DIR_SOURCE)
-        b_q, _k, b_a, b_d = erase_from(r_q.to(DT), r_k.to(DT), r_b.to(DT), src, rq_i, rk_i, c_i, l_i, DIR_SOURCE,
-                                       DIR_GATED, DT)
-        D_i = _block_decay(load_tile(g, rows_i, m_i, cols, m_c, HV * K, DT), BC)
-        for j in range(BC):
-            m_j = cols < K * (r_s + j < eos).to(tl.int32)  # a tensor mask (tensor & scalar is refused)
-            kj = tl.load(k + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
-            kj *= tl.load(rk + (r_s + j) * HV, mask=r_s + j < eos, other=0.).to(DT)
-            dj = tl.sum(tl.where(r[:, None] == j, D_i, 0.), 0)
-            ke = tl.exp(tl.where((r[:, None] >= j) & m_i[:, None], D_i - dj[None, :], 0.)) * kj[None, :]
-            sel = o_t[None, :] == off + j
-            eq = tl.where(sel, eq + tl.sum(b_q * ke, 1)[:, None], eq)
-            ek = tl.where(sel, ek + tl.sum(b_a * ke, 1)[:, None], ek)
-            if PROBES:
-                ed = tl.where(sel, ed + tl.sum(b_d * ke, 1)[:, None], ed)
-    return eq, ek, ed
+    for j in range(BC):
+        m_j = cols < K * (r_s + j < eos).to(tl.int32)  # a tensor mask (tensor & scalar is refused)
+        kj = tl.load(k + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
+        kj *= tl.load(rk + (r_s + j) * HV, mask=r_s + j < eos, other=0.).to(DT)
+        gj = tl.load(gc + (r_s + j) * (HV * K) + cols, mask=m_j, other=0.).to(DT)
+        ke = tl.exp(tl.where((r[:, None] >= j) & m_i[:, None], G_i - gj[None, :], 0.)) * kj[None, :]
+        sel = o_t[None, :] == off + j
+        cq = tl.where(sel, tl.sum(b_q * ke, 1)[:, None], cq)
+        ck = tl.where(sel, tl.sum(b_a * ke, 1)[:, None], ck)
+        if PROBES:
+            cd = tl.where(sel, tl.sum(b_d * ke, 1)[:, None], cd)
+    return cq, ck, cd
 
 
 @triton.heuristics({
@@ -444,7 +428,7 @@ def _diag_exact(q, k, b, z, d_in, g, rk, rows_i, m_i, rq_i, rk_i, c_i, l_i, r_s,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scores_kernel(
-    q, k, b, lam, z, d_in, g, rq, rk, cp,
+    q, k, b, lam, z, d_in, gc, rq, rk, cp,
     aqk, akk, adk,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
@@ -464,7 +448,7 @@ def qed_scores_kernel(
         z += i_hv * K
     if d_in is not None:
         d_in += i_hv * K
-    g += i_hv * K
+    gc += i_hv * K
     rq += i_hv
     rk += i_hv
     cp += i_hv
@@ -473,44 +457,54 @@ def qed_scores_kernel(
     o_c = tl.arange(0, BC)
     rows = c0 + o_t
     jm = (o_t < (i_i + 1) * BC) & (rows < eos)   # key rows this block reads
+    r_e = tl.minimum(r_s + BC - 1, eos - 1)     # last valid row of the block
     r_i = r_s + o_c
     m_i = r_i < eos
     rq_i, rk_i, c_i, l_i = row_scalars(rq, rk, cp, lam, r_i, m_i, HV, LAM_TOKEN, DT)
     rk_f = tl.load(rk + rows * HV, mask=jm, other=0.).to(DT)
     NK: tl.constexpr = (K + BKS - 1) // BKS
+    # slice 0's loads first: in flight during the span pass
+    p_gs, p_Gf, p_kf, p_Gi, p_q, p_k, p_b, p_x = _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s, 0,
+                                                              H, HV, K, BKS, DIR_SOURCE)
+    # the block's decay span, max over all K (one reduction); each iteration first issues the
+    # next slice's loads
     span = tl.zeros([BKS], dtype=DT)
+    p_s, p_e = _span_rows(gc, r_s, r_e, 0, HV, K, BKS)
+    for i_k in range(NK):
+        n_s, n_e = _span_rows(gc, r_s, r_e, i_k + 1, HV, K, BKS)
+        span = tl.maximum(span, p_s.to(DT) - p_e.to(DT))
+        p_s, p_e = n_s, n_e
+    exact = tl.max(span, 0) > SPAN
     accq = tl.zeros([BC, BT], dtype=DT)
     acck = tl.zeros([BC, BT], dtype=DT)
     accd = tl.zeros([BC, BT], dtype=DT)
-    # the score products per key slice, with the reference-row product everywhere; each
-    # iteration first issues the next slice's loads
-    p_gf, p_kf, p_gi, p_q, p_k, p_b, p_x = _score_slice(q, k, b, z, d_in, g, rows, jm, r_i, m_i, 0, H, HV, K, BKS,
-                                                        DIR_SOURCE)
+    # the score products per key slice; each iteration first issues the next slice's loads
     for i_k in range(NK):
-        n_gf, n_kf, n_gi, n_q, n_k, n_b, n_x = _score_slice(q, k, b, z, d_in, g, rows, jm, r_i, m_i, i_k + 1, H, HV,
-                                                            K, BKS, DIR_SOURCE)
-        G_f = tl.cumsum(p_gf.to(DT), 0)          # G of the key rows (the chunk's first row on)
-        gs = tl.sum(tl.where((o_t == i_i * BC)[:, None], G_f, 0.), 0)
-        D_i = _block_decay(p_gi.to(DT), BC)      # G_t - G_s of the block's rows
-        span = tl.maximum(span, tl.max(tl.where(m_i[:, None], -D_i, 0.), 0))
+        cols, m_c = channel_slice(i_k, BKS, K)
+        n_gs, n_Gf, n_kf, n_Gi, n_q, n_k, n_b, n_x = _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s,
+                                                                  i_k + 1, H, HV, K, BKS, DIR_SOURCE)
+        gs = p_gs.to(DT)
+        G_f = p_Gf.to(DT)
         k_f = p_kf.to(DT) * rk_f[:, None]
+        G_i = p_Gi.to(DT)
         b_q, _k, b_a, b_d = erase_from(p_q.to(DT), p_k.to(DT), p_b.to(DT), p_x, rq_i, rk_i, c_i, l_i, DIR_SOURCE,
                                        DIR_GATED, DT)
-        e1 = tl.where(m_i[:, None], tl.exp(D_i), 0.)
+        e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
         kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
-        accq += tl.dot(b_q * e1, kr, input_precision=PREC)
-        acck += tl.dot(b_a * e1, kr, input_precision=PREC)
+        cq = tl.dot(b_q * e1, kr, input_precision=PREC)
+        ck = tl.dot(b_a * e1, kr, input_precision=PREC)
         if PROBES:
-            accd += tl.dot(b_d * e1, kr, input_precision=PREC)
-        p_gf, p_kf, p_gi, p_q, p_k, p_b, p_x = n_gf, n_kf, n_gi, n_q, n_k, n_b, n_x
-    # a decay span over SPAN nats inside the block: its diagonal columns again, exactly
-    if tl.max(span, 0) > SPAN:
-        eq, ek, ed = _diag_exact(q, k, b, z, d_in, g, rk, r_i, m_i, rq_i, rk_i, c_i, l_i, r_s, eos, i_i * BC, H,
-                                 HV, K, BKS, DIR_SOURCE, DIR_GATED, PROBES, BC, BT, DT)
-        diag = (o_t[None, :] >= i_i * BC) & (o_t[None, :] < (i_i + 1) * BC)
-        accq = tl.where(diag, eq, accq)
-        acck = tl.where(diag, ek, acck)
-        accd = tl.where(diag, ed, accd)
+            cd = tl.dot(b_d * e1, kr, input_precision=PREC)
+        else:
+            cd = ck
+        if exact:
+            cq, ck, cd = _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd,
+                                     i_i * BC, H, HV, K, PROBES, BC, BT, DT)
+        accq += cq
+        acck += ck
+        if PROBES:
+            accd += cd
+        p_gs, p_Gf, p_kf, p_Gi, p_q, p_k, p_b, p_x = n_gs, n_Gf, n_kf, n_Gi, n_q, n_k, n_b, n_x
     ri = (i_i * BC + o_c)[:, None]
     mc = o_t < (i_i + 1) * BC                   # the column blocks on and below the diagonal
     off = i_hv * BT
@@ -534,16 +528,16 @@ class Scores:
     adk: torch.Tensor | None
 
 
-def chunk_scores_fwd(x: DirectionInputs, g: torch.Tensor, prep: Prepared, *, scale: float, lay: ChunkLayout,
+def chunk_scores_fwd(x: DirectionInputs, prep: Prepared, *, scale: float, lay: ChunkLayout,
                      inter_dtype: torch.dtype, probes: bool) -> Scores:
     """Launch ``qed_scores_kernel`` (grid: chunks x value heads x ``BT // BC`` row blocks)."""
-    B, T, HV, K = g.shape
-    dev = g.device
+    B, T, HV, K = prep.gc.shape
+    dev = prep.gc.device
     out = Scores(aqk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype),
                  akk=torch.empty(B, T, HV, BT, device=dev, dtype=lay.state_dtype),
                  adk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype) if probes else None)
     qed_scores_kernel[(*lay.grid, BT // BC)](
-        q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, g=g, rq=prep.rq, rk=prep.rk, cp=prep.cp,
+        q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, gc=prep.gc, rq=prep.rq, rk=prep.rk, cp=prep.cp,
         aqk=out.aqk, akk=out.akk, adk=out.adk,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BC=BC, BKS=min(SCORES_BKS, triton.next_power_of_2(K)),
