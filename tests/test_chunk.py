@@ -7,9 +7,12 @@ and arm="gdn2" / lam=0 against fla's chunk_gdn2 (skipped when fla is not importa
 """
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from qedprobe.kernels.qed import ARMS, qed_naive
 from qedprobe.kernels.qed.chunk import qed_chunk
+from qedprobe.kernels.qed.chunk_common import exp
 from helpers import (DEVICE, OP_INPUTS, PROBES, assert_close, assert_outputs_close, chunk_inputs, expanded_naive, gpu,
                      grouped_inputs, long_check, low_precision, max_diff, op_args, rel_err, z_for)
 
@@ -252,6 +255,32 @@ def test_gpu_state_scan_value_blocks_agree(monkeypatch):
     assert_close("state (BV 32 vs 64)", s32, s64, 1e-3)
     for n in PROBES:
         assert_close(f"{n} (BV 32 vs 64)", p32[n], p64[n], 1e-3)
+
+
+@triton.jit
+def _apply_exp(x, y, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, exp(tl.load(x + o)))
+
+
+@gpu
+def test_gpu_exp_is_torch_exp_but_for_subnormal_results():
+    """chunk_common.exp on the GPU: float32 within 2^-21 + |x| 2^-23 of torch.exp in float64 (the
+    rounding of x log2(e) grows with |x|) wherever e^x is a normal float32 (-87.3 <= x <= 88.7),
+    exactly 0 below (where tl.exp gives subnormals) and inf above; float64 through tl.exp."""
+    for dtype, eps in ((torch.float32, 2.0 ** -23), (torch.float64, 2.0 ** -50)):
+        x = torch.cat([torch.linspace(-87.3, 88.7, 4000, dtype=torch.float64),
+                       torch.tensor([-88.0, -100.0, -1e4, float("-inf"), 89.0, 0.0], dtype=torch.float64)])
+        x = torch.nn.functional.pad(x, (0, 4096 - len(x))).to(dtype).cuda()
+        y = torch.empty_like(x)
+        _apply_exp[(1,)](x, y, N=4096)
+        xd = x.double()
+        ref = torch.exp(xd)
+        normal = (xd >= -87.3) & (xd <= 88.7)
+        err = (y.double() - ref).abs() / ref
+        assert (err[normal] <= 4 * eps + xd[normal].abs() * eps).all()
+        if dtype == torch.float32:
+            assert (y[x < -87.4] == 0).all() and torch.isinf(y[x > 88.8]).all()
 
 
 @gpu

@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, load_tile, shifted, store_tile
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, exp, load_tile, shifted,
+                           store_tile)
 from .chunk_intra import Prepared
 
 WY_BWD_BKS = 32
@@ -100,7 +101,7 @@ def _diag_terms(gc, qs, kh, a, daqk, dakk, G, r_s, rI, mI, nI, cols, m_c, c_I, H
         cola = tl.load(dakk + rI * (HV * BT) + c_I + i, mask=mI, other=0.).to(DT)
         rowq = tl.load(daqk + (r_s + i) * (HV * BT) + c_I + o_c).to(DT)
         rowa = tl.load(dakk + (r_s + i) * (HV * BT) + c_I + o_c).to(DT)
-        E = tl.exp(-tl.abs(G - g_i[None, :]))
+        E = exp(-tl.abs(G - g_i[None, :]))
         ke = E * k_i[None, :]
         dq += colq[:, None] * ke
         da += cola[:, None] * ke
@@ -120,12 +121,12 @@ def _earlier_blocks(gc, kh, daqk, dakk, G, gs, r0, eos, rI, mI, I, cols, m_c, HV
     for J in range(I):
         rJ = r0 + J * BC + o_c
         mJ = rJ < eos
-        ke = load_tile(kh, rJ, mJ, cols, m_c, HV * K, DT) * tl.exp(gs[None, :] - load_tile(gc, rJ, mJ, cols, m_c,
+        ke = load_tile(kh, rJ, mJ, cols, m_c, HV * K, DT) * exp(gs[None, :] - load_tile(gc, rJ, mJ, cols, m_c,
                                                                                             HV * K, DT))
         cJ = J * BC + o_c
         accq += tl.dot(load_tile(daqk, rI, mI, cJ, cJ < BT, HV * BT, DT), ke, input_precision=PREC)
         acca += tl.dot(load_tile(dakk, rI, mI, cJ, cJ < BT, HV * BT, DT), ke, input_precision=PREC)
-    e = tl.exp(tl.where(mI[:, None], G - gs[None, :], float("-inf")))
+    e = exp(tl.where(mI[:, None], G - gs[None, :], float("-inf")))
     return e * accq, e * acca
 
 
@@ -142,12 +143,12 @@ def _later_blocks(gc, qs, a, daqk, dakk, G, gn, r0, eos, mI, I, nb, cols, m_c, H
     for I2 in range(I + 1, nb):
         r2 = r0 + I2 * BC + o_c
         m2 = r2 < eos
-        e2 = tl.exp(tl.where(m2[:, None], load_tile(gc, r2, m2, cols, m_c, HV * K, DT) - gn[None, :], float("-inf")))
+        e2 = exp(tl.where(m2[:, None], load_tile(gc, r2, m2, cols, m_c, HV * K, DT) - gn[None, :], float("-inf")))
         dAq = tl.load(daqk + r2[None, :] * (HV * BT) + cI[:, None], mask=m2[None, :], other=0.).to(DT)
         dAa = tl.load(dakk + r2[None, :] * (HV * BT) + cI[:, None], mask=m2[None, :], other=0.).to(DT)
         acc += tl.dot(dAq, load_tile(qs, r2, m2, cols, m_c, HV * K, DT) * e2, input_precision=PREC)
         acc += tl.dot(dAa, load_tile(a, r2, m2, cols, m_c, HV * K, DT) * e2, input_precision=PREC)
-    return tl.exp(tl.where(mI[:, None], gn[None, :] - G, float("-inf"))) * acc
+    return exp(tl.where(mI[:, None], gn[None, :] - G, float("-inf"))) * acc
 
 
 @triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
@@ -265,8 +266,8 @@ def qed_bwd_scores_kernel(
     dks += _later_blocks(gc, qs, a, daqk, dakk, G, gn, r0, eos, mI, I, nb, cols, m_c, HV, K, BT, BC, DT, PREC)
 
     # ---- elementwise terms
-    eg = tl.exp(tl.where(mI[:, None], G, float("-inf")))
-    ekl = tl.exp(tl.where(mI[:, None], g_last[None, :] - G, float("-inf")))
+    eg = exp(tl.where(mI[:, None], G, float("-inf")))
+    ekl = exp(tl.where(mI[:, None], g_last[None, :] - G, float("-inf")))
     b_dqg = load_tile(dqg, rI, mI, cols, m_c, S, DT)
     b_dkg = load_tile(dkg, rI, mI, cols, m_c, S, DT)
     b_dag = load_tile(dag, rI, mI, cols, m_c, S, DT)

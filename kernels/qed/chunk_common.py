@@ -5,8 +5,9 @@ Where a program's chunk or sequence lies (``chunk_position`` / ``chunk_at`` for 
 kernels, ``scan_program`` / ``sequence_span`` for the per-sequence scans), the index ranges, masks
 and offsets built from that (``channel_slice``, ``scan_ranges``, ``chunk_rows``, ``state_block``),
 pointers moved to one head (``shifted``), and masked loads and stores of 2-D tiles (``load_tile``,
-``store_tile``). They compute only indices, masks and pointers (no arithmetic on the data) and
-Triton inlines them into the kernels that call them.
+``store_tile``): these compute only indices, masks and pointers (no arithmetic on the data). The
+one arithmetic helper is ``exp`` (float32 exponentials without subnormal results). Triton
+inlines them all into the kernels that call them.
 
 Per-token tensors are laid out ``[B * T, H, N]`` (row stride ``H * N``); states ``[.., K, V]``.
 """
@@ -80,6 +81,27 @@ def chunk_layout(problem, cu_seqlens, device, prec: str) -> ChunkLayout:
     DT = {torch.float32: tl.float32, torch.float64: tl.float64}[P.compute_dtype]
     return ChunkLayout(NC=NC, grid=grid, cu_seqlens=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                        state_dtype=P.compute_dtype, DT=DT, prec=prec, interpreting=interpreting())
+
+
+# ------------------------------------------------------------------------------ arithmetic
+FTZ_EXP = tl.constexpr(not interpreting())
+"""Whether :func:`exp` takes float32 through ``ex2.approx.ftz`` (compiled kernels) or ``tl.exp``
+(Triton's interpreter, which runs no inline PTX)."""
+
+
+@triton.jit
+def exp(x):
+    """``e^x`` elementwise. Float32 in a compiled kernel: ``2^(x log2 e)`` by ``ex2.approx.ftz.f32``,
+    the instruction ``tl.exp`` also ends in, without the subnormal handling ``tl.exp`` adds around
+    it (a compare and two multiplies per element, about a tenth of the prep kernel's
+    instructions): results below ``2^-126`` (``x < -87.3``) are 0 instead of subnormal, which the
+    decays here never need (a factor under ``1e-38`` of a bf16 or float32 term). Float64, and
+    every dtype in the interpreter: ``tl.exp``."""
+    if FTZ_EXP and x.dtype == tl.float32:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
 
 
 # ----------------------------------------------------------------------------------- tiles

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_slice, chunk_position
+from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, exp, load_tile, store_tile
 
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
@@ -287,12 +287,12 @@ def qed_prep_kernel(
                                          b_rk, b_c, lam_f, HV, K, DIR_SOURCE, DIR_GATED, DT)
         b_G = tl.cumsum(r_g, 0)
         b_glast = tl.sum(r_g, 0)
-        b_ex = tl.exp(b_G)
+        b_ex = exp(b_G)
         store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
-        store_tile(kg + off, b_k * tl.exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
+        store_tile(kg + off, b_k * exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
-        tl.store(gl + (i_g * HV + i_hv) * K + cols, tl.exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
+        tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
@@ -412,7 +412,7 @@ def _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, 
         kj = tl.load(k + (r_s + j) * (H * K) + cols, mask=m_j, other=0.).to(DT)
         kj *= tl.load(rk + (r_s + j) * HV, mask=r_s + j < eos, other=0.).to(DT)
         gj = tl.load(gc + (r_s + j) * (HV * K) + cols, mask=m_j, other=0.).to(DT)
-        ke = tl.exp(tl.where((r[:, None] >= j) & m_i[:, None], G_i - gj[None, :], 0.)) * kj[None, :]
+        ke = exp(tl.where((r[:, None] >= j) & m_i[:, None], G_i - gj[None, :], 0.)) * kj[None, :]
         sel = o_t[None, :] == off + j
         cq = tl.where(sel, tl.sum(b_q * ke, 1)[:, None], cq)
         ck = tl.where(sel, tl.sum(b_a * ke, 1)[:, None], ck)
@@ -489,8 +489,8 @@ def qed_scores_kernel(
         G_i = p_Gi.to(DT)
         b_q, _k, b_a, b_d = erase_from(p_q.to(DT), p_k.to(DT), p_b.to(DT), p_x, rq_i, rk_i, c_i, l_i, DIR_SOURCE,
                                        DIR_GATED, DT)
-        e1 = tl.where(m_i[:, None], tl.exp(G_i - gs[None, :]), 0.)
-        kr = tl.trans(tl.where(jm[:, None], k_f * tl.exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
+        e1 = tl.where(m_i[:, None], exp(G_i - gs[None, :]), 0.)
+        kr = tl.trans(tl.where(jm[:, None], k_f * exp(tl.minimum(gs[None, :] - G_f, 80.)), 0.))
         cq = tl.dot(b_q * e1, kr, input_precision=PREC)
         ck = tl.dot(b_a * e1, kr, input_precision=PREC)
         if PROBES:
