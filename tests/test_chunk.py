@@ -190,6 +190,15 @@ def test_no_kernel_is_autotuned():
             "qed_bwd_dg_kernel", "qed_prep_bwd_kernel"} <= kernels
 
 
+def test_prep_register_cap_only_without_probes_and_hats():
+    """The prep's register cap applies to the forward without probes; with probes or the backward's
+    outputs the launch leaves registers to ptxas."""
+    from qedprobe.kernels.qed import chunk_intra
+    assert chunk_intra.prep_maxnreg(False, False) == chunk_intra.PREP_MAXNREG == 168
+    assert chunk_intra.prep_maxnreg(True, False) is None
+    assert chunk_intra.prep_maxnreg(False, True) is None
+
+
 def test_state_scan_value_block_rule():
     """The pipelined (bf16) state scan takes value blocks of 32 when twice its programs still fit in
     one wave of the GPU's SMs (few, long sequences), else 64; float32 tiles and unknown GPUs keep

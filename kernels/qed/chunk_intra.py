@@ -59,11 +59,19 @@ PREP_BKS = 32
 16, and than 64 or 128 in 8 warps, with probes off and on (docs/BENCHMARKS.md)."""
 SCORES_BKS = 16
 """Key slice of the scores kernel (``[16, 16]`` row tiles, ``[64, 16]`` key tiles)."""
-PREP_MAXNREG = None
-"""Register cap of the prep kernel (ptxas ``.maxnreg``); None leaves the choice to ptxas (about 240
-at 4 warps: two programs, eight warps, per SM). A cap trades spills for resident programs, which
-keep more loads in flight: 168 gives three per SM, 128 four (``bench/chunk_aot.py`` figures in
-docs/BENCHMARKS.md; screen with ``chunk_intra.PREP_MAXNREG=168``)."""
+PREP_MAXNREG = 168
+"""Register cap (ptxas ``.maxnreg``) of the forward prep without probes: three programs (twelve
+warps) per SM instead of ptxas' two at ~226 registers, for a few bytes of spills; the prep with
+probes or with the backward's outputs keeps ptxas' choice (capped, they spill ten times more).
+Timings in docs/BENCHMARKS.md; None leaves every launch to ptxas."""
+
+
+def prep_maxnreg(probes: bool, hats: bool) -> int | None:
+    """The prep launch's register cap: :data:`PREP_MAXNREG` for the forward without probes, else
+    None (ptxas' choice)."""
+    return None if (probes or hats) else PREP_MAXNREG
+
+
 PREP_WARPS = 4
 SCORES_WARPS = 4
 """Warps of the two kernels, by rule (no autotuning: a call's configuration depends only on its
@@ -367,7 +375,7 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
         rho=out.rho, eig=out.e, d_out=out.d, qs=out.qs, kh=out.kh, a_out=out.a,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
-        L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=PREP_WARPS, num_stages=1, maxnreg=PREP_MAXNREG,
+        L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=PREP_WARPS, num_stages=1, maxnreg=prep_maxnreg(probes, hats),
     )
     return out
 
