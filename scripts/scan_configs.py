@@ -34,8 +34,8 @@ from qedprobe.kernels.qed.inputs import check_qed_inputs
 STATE_CONFIGS = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)
                  if (bv, warps, stages) != (32, 4, 1)]
 """Every (BV, warps, stages) with the value blocks the rule can take but (32, 4, 1), which faults under
-Triton 3.6 (docs/BENCHMARKS.md); a fault ends every later timing of the process, and on 2026-12-05
-one in the first configurations, those of BV 16, ended the whole screen."""
+Triton 3.6 (docs/BENCHMARKS.md); a fault ends every later timing of the process (on 2026-12-05 an
+unidentified one ended the screen before its first row, when the list began with BV 16)."""
 OUTPUT_CONFIGS = [(bv, warps, kb, stages) for bv in (64, 128) for warps in (4, 8)
                   for kb, stages in ((256, 1), (32, 2), (32, 3))]
 """(BV, warps, key block, stages) of the output kernel (``chunk_output_fwd``'s ``config``), probes off
