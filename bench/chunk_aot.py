@@ -52,9 +52,10 @@ def _jit(kern) -> JITFunction:
     return kern
 
 
-def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 1) -> str:
+def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 1, maxnreg: int | None = None) -> str:
     """Compile ``kern`` with argument ``types`` (pointer / scalar type strings) and ``consts``
-    (constexprs, ``None`` for absent pointers); print and return ptxas' resource line."""
+    (constexprs, ``None`` for absent pointers) and the launch's register cap ``maxnreg``; print and
+    return ptxas' resource line."""
     jit = _jit(kern)
     names = list(inspect.signature(jit.fn).parameters)
     missing = [n for n in names if n not in consts and n not in types]
@@ -67,7 +68,7 @@ def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 
     src = ASTSource(fn=jit, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()},
                     attrs=aligned)
     t = time.time()
-    k = triton.compile(src, target=TGT, options=dict(num_warps=num_warps, num_stages=num_stages))
+    k = triton.compile(src, target=TGT, options=dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     r = subprocess.run([get_ptxas(TGT.arch).path, "--gpu-name", "sm_90a", "-v", f.name, "-o", os.devnull],
@@ -95,7 +96,7 @@ def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int |
                   chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
                   PROBES=probes, HATS=hats, **absent(probes, "dg", "rho", "eig", "d_out"),
                   **absent(hats, "qs", "kh", "a_out")),
-             warps or chunk_intra.PREP_WARPS)
+             warps or chunk_intra.PREP_WARPS, maxnreg=chunk_intra.prep_maxnreg(probes, hats))
 
 
 def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None, scores_bks: int | None = None,
