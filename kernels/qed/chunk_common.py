@@ -93,8 +93,7 @@ FTZ_EXP = tl.constexpr(not interpreting())
 def exp(x):
     """``e^x`` elementwise. Float32 in a compiled kernel: ``2^(x log2 e)`` by ``ex2.approx.ftz.f32``,
     the instruction ``tl.exp`` also ends in, without the subnormal handling ``tl.exp`` adds around
-    it (a compare and two multiplies per element, about a tenth of the prep kernel's
-    instructions): results below ``2^-126`` (``x < -87.3``) are 0 instead of subnormal, which the
+    it (a compare and two multiplies per element; counts in docs/BENCHMARKS.md): results below ``2^-126`` (``x < -87.3``) are 0 instead of subnormal, which the
     decays here never need (a factor under ``1e-38`` of a bf16 or float32 term). Float64, and
     every dtype in the interpreter: ``tl.exp``."""
     if FTZ_EXP and x.dtype == tl.float32:

@@ -60,11 +60,10 @@ PREP_BKS = 32
 SCORES_BKS = 16
 """Key slice of the scores kernel (``[16, 16]`` row tiles, ``[64, 16]`` key tiles)."""
 PREP_MAXNREG = 168
-"""Register cap (ptxas ``.maxnreg``) of the forward prep without probes: three programs (twelve
-warps) per SM instead of ptxas' two at ~226 registers, for a few bytes of spills; the prep with
-probes or with the backward's outputs keeps ptxas' choice (capped, they spill ten times more).
-Timings in docs/BENCHMARKS.md; None leaves every launch to ptxas."""
-
+"""Register cap (ptxas ``.maxnreg``) of the forward prep without probes: three programs per SM
+instead of ptxas' two, for a few bytes of spills; the prep with probes or with the backward's
+outputs spills far more under the cap and keeps ptxas' choice (figures and timings in
+docs/BENCHMARKS.md). None leaves every launch to ptxas."""
 
 def prep_maxnreg(probes: bool, hats: bool) -> int | None:
     """The prep launch's register cap: :data:`PREP_MAXNREG` for the forward without probes, else
