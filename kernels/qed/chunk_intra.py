@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, exp, load_tile, store_tile
+from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, exp, load_tile, store_tile
 
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
@@ -443,9 +443,14 @@ def qed_scores_kernel(
     PREC: tl.constexpr, SPAN: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PROBES: tl.constexpr,
 ):
-    """Row block ``i_i = program_id(2)`` (``BC`` tokens) of one chunk's ``A_qk, A_kk, A_dk``."""
-    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
-    i_i = tl.program_id(2)
+    """Row block ``i_i`` (``BC`` tokens) of one chunk's ``A_qk, A_kk, A_dk``, grid ``(chunks x
+    BT // BC, B * HV)`` with the row blocks of a chunk next to each other in axis 0: they read the
+    same key rows, which the later blocks then find in L2."""
+    NB: tl.constexpr = BT // BC
+    i_x = tl.program_id(0)
+    i_hv, i_t, _i_g, bos, eos = chunk_at(i_x // NB, tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
+                                         IS_VARLEN)
+    i_i = i_x % NB
     c0 = bos + i_t * BT
     r_s = c0 + i_i * BC                          # reference row: the block's first
     if r_s >= eos:
@@ -537,13 +542,13 @@ class Scores:
 
 def chunk_scores_fwd(x: DirectionInputs, prep: Prepared, *, scale: float, lay: ChunkLayout,
                      inter_dtype: torch.dtype, probes: bool) -> Scores:
-    """Launch ``qed_scores_kernel`` (grid: chunks x value heads x ``BT // BC`` row blocks)."""
+    """Launch ``qed_scores_kernel`` (grid: chunks x ``BT // BC`` row blocks, value heads)."""
     B, T, HV, K = prep.gc.shape
     dev = prep.gc.device
     out = Scores(aqk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype),
                  akk=torch.empty(B, T, HV, BT, device=dev, dtype=lay.state_dtype),
                  adk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype) if probes else None)
-    qed_scores_kernel[(*lay.grid, BT // BC)](
+    qed_scores_kernel[(lay.grid[0] * (BT // BC), lay.grid[1])](
         q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, gc=prep.gc, rq=prep.rq, rk=prep.rk, cp=prep.cp,
         aqk=out.aqk, akk=out.akk, adk=out.adk,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_position, chunk_rows, scan_program, scan_ranges, shifted
+from .chunk_common import BT, ChunkLayout, chunk_at, chunk_rows, scan_program, scan_ranges, shifted
 
 
 @triton.jit
@@ -116,8 +116,11 @@ def qed_output_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
-    i_v = tl.program_id(2)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_x = tl.program_id(0)
+    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
+                                        IS_VARLEN)
+    i_v = i_x % NV
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
     rows, m_t, _, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     p_h = hs + (i_g * HV + i_hv) * K * V
@@ -218,7 +221,9 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=N
 
 def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None,
                      config: tuple[int, int, int, int] | None = None) -> None:
-    """Launch ``qed_output_kernel`` (grid: chunks x value heads x value blocks): writes ``o`` and,
+    """Launch ``qed_output_kernel`` (grid: chunks x value blocks, value heads; the value blocks of a
+    chunk next to each other in axis 0, so that the second reads the chunk's ``qg, A_qk`` (``dg,
+    A_dk``) from L2): writes ``o`` and,
     with probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps, key_block, num_stages)``
     overrides :func:`output_config` and ``OUTPUT_KEY_BLOCK``, ``OUTPUT_STAGES`` (for screening
     configurations, ``scripts/scan_configs.py``)."""
@@ -229,7 +234,7 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     if key_block < 16 or key_block & (key_block - 1):
         raise ValueError(f"qed_output_kernel: the key block (chunk_scan.OUTPUT_KEY_BLOCK) must be a power of "
                          f"two of at least 16 (a tl.dot operand's side), got {key_block}")
-    qed_output_kernel[(*lay.grid, triton.cdiv(V, BV))](
+    qed_output_kernel[(lay.grid[0] * triton.cdiv(V, BV), lay.grid[1])](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BK=min(key_block, triton.next_power_of_2(K)), BV=BV, PREC=lay.prec,
