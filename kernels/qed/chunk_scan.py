@@ -195,7 +195,10 @@ def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, 
     chunk, value head and value block): bf16 tiles without probes take the whole value axis up to
     128 in 8 warps (``qg`` and ``A_qk`` read once per chunk); with probes (a second product, ``Sd``)
     value blocks of 64 in 4 warps; float32 / float64 tiles value blocks of 64 in 8 warps, where
-    they do not spill (timings in docs/BENCHMARKS.md)."""
+    they do not spill (timings in docs/BENCHMARKS.md), but for float64 with probes: its tiles at
+    ``BV = 64`` take 256 KB of shared memory, more than an SM has (227 KB), and ``BV = 32`` 208 KB."""
+    if inter_dtype == torch.float64 and probes:
+        return min(32, triton.next_power_of_2(V)), 8
     if inter_dtype != torch.bfloat16:
         return min(64, triton.next_power_of_2(V)), 8
     return (min(64, triton.next_power_of_2(V)), 4) if probes else (min(128, triton.next_power_of_2(V)), 8)
