@@ -1,7 +1,9 @@
 """The trainer: WSD schedule, data mixture, optimizer groups, op check, exact resume, CLI, committed checkpoints."""
 import argparse
 import json
+import math
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -288,7 +290,26 @@ def test_theta_lr_mult_zero_holds_lambda_at_its_start(tmp_path):
         assert not torch.equal(model.embeddings.weight.detach(), bf16_start)  # the other weights train
 
 
+def test_theta_init_starts_lambda_there_and_lets_init_change_lambda_max(tmp_path):
+    """``theta_init=0`` starts every head at ``lambda_max * sigmoid(0) = lambda_max / 2``, also over
+    an ``init`` model of another ``lambda_max`` (refused without ``theta_init``, whose lambda
+    would otherwise silently change with the bound)."""
+    model = trainer.build_model(tiny(arm="full", model=dict(TINY["model"], lambda_max=1.0), theta_init=0.0), 259)
+    for block in model.blocks:
+        assert block.attn.lam().tolist() == [0.5, 0.5]
+    train(tiny(arm="full", steps=2, decay_steps=1), tmp_path / "first")
+    with pytest.raises(ValueError, match="lambda_max: 0.25 != 1.0"):
+        trainer.build_model(tiny(arm="full", model=dict(TINY["model"], lambda_max=1.0), init=str(tmp_path / "first" / "final")), 259)
+    start = tiny(arm="full", model=dict(TINY["model"], lambda_max=1.0), init=str(tmp_path / "first" / "final"), theta_init=2.0)
+    model = trainer.build_model(start, 259)
+    first = QEDModel.from_pretrained(tmp_path / "first" / "final", dtype=torch.float32)
+    assert torch.equal(model.embeddings.weight, first.embeddings.weight)
+    assert model.blocks[0].attn.lam().tolist() == pytest.approx([1 / (1 + math.exp(-2))] * 2)
+
+
 @pytest.mark.parametrize("kw, name", [(dict(seq_len=0), "seq_len"), (dict(loss="x"), "loss"),
+                                      (dict(theta_init=float("nan")), "theta_init"),
+                                      (dict(arm="gdn2", theta_init=0.0), "theta_init"),
                                       (dict(theta_lr_mult=-1.0), "theta_lr_mult"),
                                       (dict(warmup_steps=3, decay_steps=3), "warmup_steps"),
                                       (dict(model={"hiden_size": 4}), "model")])
@@ -310,6 +331,34 @@ def test_cli_flags_override_the_preset():
     assert (cfg.arm, cfg.seed, cfg.steps, cfg.op_fallback) == ("gdn2", 1, 100, False)
     assert cfg.model["hidden_size"] == 48 and cfg.model["num_hidden_layers"] == 2
     assert args.func.__name__ == "run"
+
+
+def test_card_records_the_training_command_and_lambda_per_layer_and_head(tmp_path):
+    """The command the card records parses back to the same config; the lambda table holds the
+    trained values; ``set_card_section`` replaces a section in place and appends a new one."""
+    from qedprobe.train.card import set_card_section
+    from qedprobe.train.commands import command_line
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    argv = ["train", "--preset", "micro", "--out", str(tmp_path / "run"), "--arm", "full", "--steps", "2",
+            "--warmup", "1", "--decay", "1", "--hidden", "32", "--layers", "1", "--head-dim", "8",
+            "--batch-size", "2", "--lambda-max", "1.0", "--theta-init", "0", "--decay-a", "0.5,2", "--threads", "1"]
+    args = parser.parse_args(argv)
+    command = command_line(args)
+    assert config_from_args(parser.parse_args(shlex.split(command)[1:])) == config_from_args(args)
+    assert "--threads" not in command
+    train(config_from_args(args), args.out, command=command)
+    card = (tmp_path / "run" / "final" / "MODEL_CARD.md").read_text()
+    assert f"```bash\n{command}\n```" in card
+    lam = QEDModel.from_pretrained(tmp_path / "run" / "final").blocks[0].attn.lam().float().tolist()
+    assert "| 0 | " + " | ".join(f"{x:.4f}" for x in lam) + " |" in card and lam != [0.5, 0.5]
+    folder = tmp_path / "run" / "final"
+    set_card_section(folder, "Strength", "first")
+    set_card_section(folder, "Training command", "replaced")
+    set_card_section(folder, "Strength", "second")
+    card = (folder / "MODEL_CARD.md").read_text()
+    assert card.count("## Strength") == 1 and card.endswith("## Strength\n\nsecond\n")
+    assert "## Training command\n\nreplaced\n\n## Learned lambda" in card and command not in card
 
 
 @pytest.mark.parametrize("folder", sorted(p.parent.name for p in (ROOT / "checkpoints").glob("*/config.json")))

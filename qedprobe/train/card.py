@@ -36,11 +36,50 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({torch.get_num_threads()} threads)"
 
 
+def lambda_table(model) -> str:
+    """Markdown table of the trained ``lambda = lambda_max * sigmoid(theta)`` of every layer (rows)
+    and head (columns) of a :class:`qedprobe.model.QEDModel`; one line for arm ``gdn2`` (no lambda)."""
+    if model.cfg.arm == "gdn2":
+        return "Arm `gdn2`: no correction (lambda = 0)."
+    with torch.no_grad():
+        lam = [block.attn.lam().float().tolist() for block in model.blocks]
+    heads = len(lam[0])
+    head = "| layer | " + " | ".join(f"head {h}" for h in range(heads)) + " |"
+    rule = "|---" * (heads + 1) + "|"
+    rows = [f"| {i} | " + " | ".join(f"{x:.4f}" for x in row) + " |" for i, row in enumerate(lam)]
+    return "\n".join([f"`lambda_max` = {model.cfg.lambda_max:g}.", "", head, rule, *rows])
+
+
+def set_card_section(folder, heading: str, body: str) -> Path:
+    """Put ``## heading`` with ``body`` into ``folder/MODEL_CARD.md``: replace that section (up to
+    the next ``## `` heading) when the card has it, else append it. For measurements made after
+    export, e.g. a strength table."""
+    path = Path(folder) / CARD_NAME
+    if not path.is_file():
+        raise ValueError(f"set_card_section: no {CARD_NAME} in {folder}")
+    lines, title = path.read_text().splitlines(), f"## {heading}"
+    section = [title, "", *body.strip("\n").splitlines(), ""]
+    if title in lines:
+        start = lines.index(title)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = section
+    else:
+        lines += ["", *section] if lines and lines[-1] else section
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+    return path
+
+
 def write_model_card(folder: Path, *, title: str, model_cfg: dict, train_cfg: dict, data: dict,
-                     summary: dict) -> Path:
+                     summary: dict, command: str | None = None, lambdas: str | None = None) -> Path:
     """Write ``folder/MODEL_CARD.md``; ``summary`` holds the run's numbers (steps, tokens, losses,
-    wall time, device, date, op mode, ...), printed as a table in the given order."""
+    wall time, device, date, op mode, ...), printed as a table in the given order; ``command``
+    (the training command line) and ``lambdas`` (:func:`lambda_table`) get sections when given."""
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary.items())
+    extra = ""
+    if command is not None:
+        extra += f"\n## Training command\n\n```bash\n{command}\n```\n"
+    if lambdas is not None:
+        extra += f"\n## Learned lambda per layer and head\n\n{lambdas}\n"
     text = f"""# {title}
 
 A small QED language model trained with `qedprobe train` (NIAH retrieval mixture).
@@ -52,7 +91,7 @@ Frozen for analysis: load with `QEDModel.from_pretrained(path)`. Weights are bf1
 | | |
 |---|---|
 {rows}
-
+{extra}
 ## Data recipe
 
 Documents are evaluation-format NIAH prompts from `qedprobe.eval.tasks` in the **legacy** task
@@ -97,9 +136,10 @@ def copy_tokenizer(tokenizer: str, folder: Path) -> None:
 
 
 def export(model, cfg, data, out_dir: Path, export_dir: Path,
-            records: list[dict], device: torch.device, op_used: str) -> float:
+           records: list[dict], device: torch.device, op_used: str, command: str | None = None) -> float:
     """bf16 copy of the model + ``MODEL_CARD.md`` into ``export_dir``, with the tokenizer's files
-    when it is a folder (so that evaluation reads it from the model folder); returns the final loss."""
+    when it is a folder (so that evaluation reads it from the model folder); ``command``: the
+    training command line for the card. Returns the final loss."""
     frozen = copy.deepcopy(model).to(torch.bfloat16)
     frozen.save_pretrained(export_dir)
     copy_tokenizer(cfg.tokenizer, export_dir)
@@ -124,5 +164,6 @@ def export(model, cfg, data, out_dir: Path, export_dir: Path,
         "run folder": str(out_dir),
     }
     write_model_card(export_dir, title=f"qedprobe {cfg.arm} seed {cfg.seed}", model_cfg=frozen.cfg.to_dict(),
-                     train_cfg=cfg.to_dict(), data=data.describe(), summary=summary)
+                     train_cfg=cfg.to_dict(), data=data.describe(), summary=summary, command=command,
+                     lambdas=lambda_table(frozen))
     return final_loss

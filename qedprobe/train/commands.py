@@ -10,6 +10,7 @@ global batch ``batch_size x accum``; see :mod:`qedprobe.train.trainer`).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 import torch
@@ -27,7 +28,8 @@ FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "bat
           "accum": "accum", "steps": "steps", "lr": "lr", "theta_lr_mult": "theta_lr_mult", "warmup": "warmup_steps",
           "decay": "decay_steps", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
           "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
-          "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init"}
+          "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init",
+          "theta_init": "theta_init"}
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
                 "head_dim": "head_dim", "conv_size": "conv_size", "lambda_max": "lambda_max", "op_mode": "op_mode",
                 "decay_a": "decay_a_range", "decay_dt": "decay_dt_range"}
@@ -49,6 +51,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.no_op_fallback:
         overrides["op_fallback"] = False
     return TrainConfig.from_preset(args.preset, model=model, **overrides)
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``qedprobe train`` command ``args`` stand for: the preset, every override given, the
+    folders (not how it ran: threads, progress), for the model card."""
+    parts = ["qedprobe", "train", "--preset", args.preset]
+    for name in (*FIELDS, *MODEL_FIELDS):
+        value = getattr(args, name)
+        if value is not None:
+            text = ",".join(f"{x:g}" for x in value) if isinstance(value, tuple) else str(value)
+            parts += ["--" + name.replace("_", "-"), text]
+    if args.no_op_fallback:
+        parts.append("--no-op-fallback")
+    parts += ["--out", args.out] + (["--export", args.export] if args.export is not None else [])
+    return shlex.join(parts)
 
 
 FLAGS = {**{field: "--" + flag.replace("_", "-") for flag, field in {**FIELDS, **MODEL_FIELDS}.items()},
@@ -95,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         show, close = _progress(cfg, args.print_every if dist.is_main() else 0,
                                 dist.is_main() and not args.no_progress)
         result = train(cfg, args.out, export_dir=args.export, until_step=args.until_step,
-                       max_seconds=args.max_seconds, callback=show)
+                       max_seconds=args.max_seconds, callback=show, command=command_line(args))
     except ValueError as err:
         return fail("train", err, FLAGS)
     finally:
@@ -149,6 +166,9 @@ def register(subparsers) -> None:
     g.add_argument("--theta-lr-mult", type=float,
                    help="theta's learning rate as a multiple of --lr (default 10, the paper's; "
                         "0 holds lambda at its initial value)")
+    g.add_argument("--theta-init", type=float,
+                   help="start every head's theta here: lambda starts at lambda_max * sigmoid(THETA), "
+                        "0 gives lambda_max / 2 (default -2, or the --init model's theta)")
     g.add_argument("--warmup", type=int, help="warmup steps")
     g.add_argument("--decay", type=int, help="decay steps at the end")
     g.add_argument("--min-lr-ratio", type=float)

@@ -53,7 +53,10 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
     when the configured op has no backward on the device, train with the PyTorch reference
     (logged as a warning) instead of stopping. ``init``: a model folder whose weights start the
     run instead of the seeded initialisation (a second training stage, e.g. interference after
-    the recall recipe); the data seed stays ``seed``.
+    the recall recipe); the data seed stays ``seed``. ``theta_init``: start every head's
+    ``theta`` at this value instead of :data:`qedprobe.lam.THETA_INIT` (or the ``init`` model's),
+    so that ``lambda`` starts at ``lambda_max * sigmoid(theta_init)``: 0 gives ``lambda_max / 2``
+    (None: keep the start; not for arm ``gdn2``, which has no ``theta``).
     """
 
     arm: str = "full"
@@ -80,6 +83,7 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
     device: str = "auto"
     op_fallback: bool = True
     init: str | None = None
+    theta_init: float | None = None
 
     def __post_init__(self):
         for name in ("seq_len", "batch_size", "accum", "steps", "save_every"):
@@ -98,6 +102,12 @@ tokens in either (the others weigh 1; see :func:`qedprobe.train.trainer.token_we
                     (0 <= value if zero_ok else 0 < value) and value < math.inf):
                 what = "a finite number >= 0" if zero_ok else "a positive finite number"
                 raise ValueError(f"TrainConfig: `{name}` must be {what}, got {value!r}")
+        if self.theta_init is not None:
+            if isinstance(self.theta_init, bool) or not isinstance(self.theta_init, (int, float)) \
+                    or not math.isfinite(self.theta_init):
+                raise ValueError(f"TrainConfig: `theta_init` must be a finite number or None, got {self.theta_init!r}")
+            if self.arm == "gdn2":
+                raise ValueError("TrainConfig: `theta_init` does not apply to arm 'gdn2', which has no theta")
         if not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"TrainConfig: `weight_decay` must be >= 0, got {self.weight_decay!r}")
         self.betas = tuple(self.betas)

@@ -71,6 +71,9 @@ from .state import load_latest, load_model_weights, rng_state, save_checkpoint, 
 INIT_FREE = ("op_mode", "task_format")
 """Model-config keys that may differ from an ``init`` folder's: how the op runs and what the
 earlier stage was trained on, not the model's shape or function."""
+INIT_FREE_NEW_THETA = INIT_FREE + ("lambda_max",)
+"""The same with ``theta_init`` given: lambda then starts afresh at ``lambda_max * sigmoid(theta_init)``,
+so the ``init`` model's bound does not carry over."""
 FALLBACK_OPS = ("torch", "naive")
 """Differentiable PyTorch ops tried, in order, when the configured op has no backward."""
 
@@ -100,21 +103,27 @@ def resolve_device(name: str) -> torch.device:
 def build_model(cfg: TrainConfig, vocab_size: int) -> QEDModel:
     """The seeded initial model (``torch.manual_seed(cfg.seed)`` right before it is built), with
     the weights of the model folder ``cfg.init`` when given (a later training stage: its
-    ``config.json`` must equal this run's model config but for :data:`INIT_FREE`); its config records
-    the training documents' task format."""
+    ``config.json`` must equal this run's model config but for :data:`INIT_FREE`, or
+    :data:`INIT_FREE_NEW_THETA` with ``cfg.theta_init``), then every ``theta`` set to
+    ``cfg.theta_init`` when given; its config records the training documents' task format."""
     torch.manual_seed(cfg.seed)
     model = QEDModel(QEDConfig(vocab_size=vocab_size, arm=cfg.arm, task_format=TASK_FORMAT, **cfg.model))
     if cfg.init is not None:
         init = Path(cfg.init)
         if not (init / "config.json").is_file():
             raise ValueError(f"train: `init` {cfg.init!r} is not a model folder (no config.json)")
+        free = INIT_FREE if cfg.theta_init is None else INIT_FREE_NEW_THETA
         want, have = model.cfg.to_dict(), QEDConfig.load(init / "config.json").to_dict()
         diffs = [f"{k}: {have.get(k)!r} != {want.get(k)!r}" for k in sorted(set(want) | set(have))
-                 if k not in INIT_FREE and have.get(k) != want.get(k)]
+                 if k not in free and have.get(k) != want.get(k)]
         if diffs:
             raise ValueError(f"train: `init` {cfg.init} has another model config ({'; '.join(diffs)})")
         load_model_weights(model, init)
         model.float()
+    if cfg.theta_init is not None:
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.theta.fill_(cfg.theta_init)
     return model
 
 
@@ -242,13 +251,14 @@ def _step(model, batch, cfg: TrainConfig, device: torch.device, amp: bool) -> di
 
 
 def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None = None,
-          max_seconds: float | None = None, callback=None) -> TrainResult:
+          max_seconds: float | None = None, callback=None, command: str | None = None) -> TrainResult:
     """Train (or resume) the run ``cfg`` in ``out_dir``; see the module docstring.
 
     ``export_dir`` (default ``out_dir/final``) receives the bf16 model and its card when the
     run completes. ``until_step`` / ``max_seconds`` stop early (after a checkpoint) once that
     many steps are done / this call has run that long; call again to continue.
-    ``callback(record)`` is called after every step.
+    ``callback(record)`` is called after every step. ``command``: the command line that
+    started the run, written into the model card.
     """
     if not isinstance(cfg, TrainConfig):
         raise ValueError(f"train: `cfg` must be a TrainConfig, got {type(cfg).__name__}")
@@ -263,13 +273,14 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
     dist.agree(ValueError(f"train: another training is writing into {out_dir}; wait for it or use a new "
                           "`out_dir`") if busy else None, kind=ValueError)
     try:
-        return _train(cfg, out_dir, export_dir, until_step, max_seconds, callback)
+        return _train(cfg, out_dir, export_dir, until_step, max_seconds, callback, command)
     finally:
         if lock is not None:
             lock.close()
 
 
-def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_seconds, callback) -> TrainResult:
+def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_seconds, callback,
+           command) -> TrainResult:
     """:func:`train` in the locked ``out_dir`` (created by rank 0's lock before every rank gets here)."""
     device = dist.rank_device(resolve_device(cfg.device))
     ranks = dist.world_size()
@@ -353,7 +364,7 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
                 return TrainResult(out_dir, step, False, None, None, wall, op_used)
     final_loss = None
     if dist.is_main():
-        final_loss = export(model, cfg, data, out_dir, export_dir, read_log(out_dir), device, op_used)
+        final_loss = export(model, cfg, data, out_dir, export_dir, read_log(out_dir), device, op_used, command)
         note(out_dir, f"done: {step} steps, final loss {final_loss:.4f}; exported to {export_dir}")
     final_loss = dist.gather_objects(final_loss)[0]
     return TrainResult(out_dir, step, True, export_dir, final_loss, wall, op_used)
