@@ -2,7 +2,7 @@
 
 A benchmark measures speed or resources of this tree's code and prints (and, when ``$OUT`` is
 set, writes) its numbers; its table in ``docs/BENCHMARKS.md`` names the command, machine and date.
-Pipelines (training, evaluation, docs tables) and one-off device checks live in ``scripts/``.
+GPU entry points (training and evaluating checkpoints, the GPU tests) and the docs' table generators live in ``scripts/``.
 
 To add a benchmark: put the script in ``bench/`` (runnable as ``python bench/NAME.py [ARGS]``,
 reference timings measured in the same run rather than passed in) and add a :class:`Benchmark`

@@ -19,6 +19,8 @@ layers; nothing is downloaded):
 
 Writes ``OUT/hf_check.json`` and ``OUT/hf_check.md`` (the table for docs/BENCHMARKS.md).
 ``--small`` runs a tiny shape on any device (the CPU dry run of this script).
+
+    python scripts/hf_check.py --families qwen3_5,olmo_hybrid --length 4096 --batch 4 --out OUT
 """
 from __future__ import annotations
 
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="timed calls per path")
     p.add_argument("--small", action="store_true", help="a tiny shape (CPU dry run)")
     p.add_argument("--no-fla", dest="fla", action="store_false", help="skip the model's default (fla) path")
-    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"), help="folder for hf_check.json / .md")
+    p.add_argument("--out", required=True, help="folder for hf_check.json / .md")
     args = p.parse_args(argv)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     bad = [f for f in families if f not in FAMILIES]
