@@ -21,7 +21,7 @@ from qedprobe.model.strength import PHASES
 from qedprobe.ops import ARMS
 
 __all__ = ["ModelArgs", "ModelArgsError", "parse_model_args", "is_transformers_folder", "load_model",
-           "resolve_device", "resolve_dtype", "tokenizer_spec", "DTYPES"]
+           "resolve_device", "resolve_dtype", "DTYPES"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 """``dtype`` values; ``auto`` is bfloat16 on CUDA and float32 on CPU."""
@@ -167,15 +167,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def tokenizer_spec(args: ModelArgs) -> str:
-    """The tokenizer to load: ``tokenizer`` as given; else the model's own (a transformers folder,
-    or a QED folder's ``tokenizer.json``), else ``"bytes"``."""
-    if args.tokenizer is not None:
-        return args.tokenizer
-    own = is_transformers_folder(args.pretrained) or (Path(args.pretrained) / "tokenizer.json").is_file()
-    return args.pretrained if own else "bytes"
-
-
 def _load_weights(args: ModelArgs, device, dtype):
     from qedprobe.model import QEDModel
     if is_transformers_folder(args.pretrained):
@@ -192,7 +183,8 @@ def _load_weights(args: ModelArgs, device, dtype):
 def load_model(args: ModelArgs):
     """``(model, tokenizer)``: the model of ``pretrained`` in eval mode on ``device`` in ``dtype``
     (a transformers model adapted with ``qedprobe.hf.adapt``, QED injected with ``qed_lambda`` and
-    ``qed_arm``), and its tokenizer (:func:`tokenizer_spec`), checked to fit the vocabulary.
+    ``qed_arm``), and its tokenizer (``tokenizer``, else the model's own: ``model.tokenizer``, the
+    folder's; else bytes), checked to fit the vocabulary and set as ``model.tokenizer``.
     Loading failures are refused naming ``pretrained`` / ``tokenizer``."""
     from qedprobe.tokenizer import TokenizerError, load_tokenizer
     device = resolve_device(args.device)
@@ -205,7 +197,7 @@ def load_model(args: ModelArgs):
         raise ModelArgsError(f"qedprobe model_args: cannot load `pretrained` {args.pretrained!r}: "
                              f"{type(exc).__name__}: {exc}") from None
     try:
-        tokenizer = load_tokenizer(tokenizer_spec(args))
+        tokenizer = load_tokenizer(args.tokenizer if args.tokenizer is not None else model.tokenizer or "bytes")
     except (TokenizerError, OSError) as exc:
         raise ModelArgsError(f"qedprobe model_args: `tokenizer`: {exc}") from None
     if tokenizer.vocab_size > model.cfg.vocab_size:
@@ -214,4 +206,5 @@ def load_model(args: ModelArgs):
     if tokenizer.eos_id is None and tokenizer.bos_id is None:
         raise ModelArgsError(f"qedprobe model_args: `tokenizer` {tokenizer.name!r} has neither an EOS nor a BOS "
                              "token (lm-eval conditions empty contexts on one)")
+    model.tokenizer = tokenizer
     return model, tokenizer
