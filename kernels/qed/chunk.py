@@ -59,6 +59,7 @@ from torch.autograd.function import once_differentiable
 from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
+from .chunk_head import chunk_head_scores_fwd
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
@@ -106,7 +107,8 @@ def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayo
                     probes: bool) -> IntraChunk:
     """The four intra-chunk launches (prep, scores, inverse, W/U) on contiguous ``v, w, g``."""
     prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
-    scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    scores_fwd = chunk_head_scores_fwd if g.dim() == 3 else chunk_scores_fwd
+    scores = scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
     return IntraChunk(prep=prep, aqk=scores.aqk, adk=scores.adk, ai=ai, wy=wy)
