@@ -18,6 +18,8 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   ``b = w = beta`` ``[B, T, HV]``) against fla's ``chunk_kda``.
 * ``decode``: one token with a carried state (B = 8, 16 q/k heads, 32 value heads):
   ``qed_recurrent`` against fla's ``fused_recurrent_gated_delta_rule``, eager and CUDA-graph replay.
+* ``parts``: per-kernel device times (torch.profiler, ms per call) of ``qed_chunk`` (probes off)
+  and fla's ``chunk_gated_delta_rule`` at 1 x 32K with 32 value heads.
 * ``decoder``: a random Qwen3.5-shaped model adapted with ``qedprobe.hf`` (nothing hooked; QED
   injected with ``hook_e`` and ``hook_Sd`` hooked) against the native model: prefill at 32K and
   128K, peak memory, a decode step inside ``generate`` (only where ``qedprobe.hf`` offers
@@ -48,7 +50,9 @@ QK_HEADS, HEAD_DIM = 16, 128
 VALUE_HEADS = (16, 32, 64)
 KDA_HEADS = 32
 DECODE = dict(B=8, H=16, HV=32)
-SECTIONS = ("op", "kda", "decode", "decoder")
+SECTIONS = ("op", "kda", "decode", "decoder", "parts")
+PARTS_SHAPE = (1, 32768, 32)
+"""``(B, T, HV)`` of the per-kernel rows (``parts``)."""
 
 
 def P(*a):
@@ -193,6 +197,29 @@ def decode_rows(rows: Rows, left):
     rows.add("qed_recurrent, CUDA graph", shape_of(x), (graph_ms(qed), None), (n_graph, None))
 
 
+def kernel_ms(fn, calls: int = 5) -> dict[str, float]:
+    """Device time per call of every kernel ``fn`` launches (torch.profiler over ``calls`` calls), ms."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {e.key: getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+             for e in prof.key_averages()}
+    return {key: t_us / 1e3 / calls for key, t_us in times.items() if t_us > 0}
+
+
+def parts_rows(rows: Rows, left):
+    B, T, HV = PARTS_SHAPE
+    x = gdn_inputs(B, T, QK_HEADS, HV)
+    fla_op, label = native_gdn()
+    for name, fn in (("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("fla", native_fn(fla_op, x))):
+        for key, t_ms in kernel_ms(fn).items():
+            rows.add(f"  {name}: {key[:44]}", shape_of(x), (t_ms, None))
+
+
 def decoder_rows(rows: Rows, left):
     try:
         from qedprobe.hf import adapt, inject_qed  # noqa: F401
@@ -222,7 +249,7 @@ def main() -> int:
     start = time.time()
     left = lambda: a.budget - (time.time() - start)  # noqa: E731
     rows = Rows(a.json, a.commit)
-    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows)
+    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows)
     for name in sections:
         runners[name](rows, left)
     P(rows.table())
