@@ -18,7 +18,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     transformers==5.24.0 wonderwords==3.0.1
 python3 -m pip wheel -q --no-deps -w .whl .
 rm -rf build
-# The commit the qedprobe wheel was built from ("-dirty" with uncommitted changes): the device's
-# copy of the repository may carry a stale .git, so the device scripts read this instead.
+# The commit the qedprobe wheel was built from ("-dirty" with uncommitted changes): a copy of the
+# repository on the GPU machine may carry a stale .git, so scripts/device_env.sh reads this instead.
 git describe --always --dirty --abbrev=7 > .whl/BUILD
 ls .whl

@@ -193,7 +193,7 @@ OUTPUT_STAGES = 1
 """Key block of the output kernel's loop over the chunk-start state's rows and the loop's pipeline
 depth: by default one block over the whole key axis (K <= 256), unpipelined. Smaller blocks in two
 or more stages let the next block's ``hs, qg, dg`` loads overlap the current block's products
-(``scripts/h200_screen.sh`` with ``chunk_scan.OUTPUT_KEY_BLOCK=64 chunk_scan.OUTPUT_STAGES=2``)."""
+(time a setting as a kernel version: ``scripts/kernel_versions.sh``)."""
 
 
 def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int]:
