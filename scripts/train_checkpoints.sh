@@ -56,7 +56,7 @@ run_slot() {  # run_slot GPU SLOT: the jobs i with i % NGPU == GPU and (i / NGPU
         fi
         echo "GPU ${GPU_LIST[$gpu]} slot $slot: $name"
         # shellcheck disable=SC2086
-        CUDA_VISIBLE_DEVICES=${GPU_LIST[$gpu]} $PY -m qedprobe.train --preset small --arm "$arm" --seed "$seed" \
+        CUDA_VISIBLE_DEVICES=${GPU_LIST[$gpu]} $PY -m qedprobe.cli train --preset small --arm "$arm" --seed "$seed" \
             --out "$RUNS/$name" --export "$CKPT/$name" --print-every 100 "${lam[@]}" "${limit[@]}" $EXTRA \
             >> "$RUNS/$name.stdout" 2>&1 || echo "FAILED $name (see $RUNS/$name.stdout)"
     done
