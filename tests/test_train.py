@@ -356,8 +356,8 @@ def test_interference_checkpoint_matches_the_asked_key(tmp_path):
     """The shipped QED checkpoint interference-full-s0 writes the asked needle's value on MK-NIAH
     (4 needles in noise, 1K tokens, 12 prompts) far above the 1/4 of a model that copies some
     needle, and falls to that level or below when the question asks a key that no needle has
-    (the foreign-key control, same prompts otherwise): it matches keys (docs/RESULTS.md, "Key
-    matching at the training length")."""
+    (the foreign-key control, same prompts otherwise): it matches keys (docs/RESULTS.md, "Interference
+    checkpoints")."""
     from qedprobe.eval import SweepSpec, run_sweep
     from qedprobe.tasks.control import ForeignKeyTask
     from qedprobe.tasks import NIAHTask

@@ -20,7 +20,7 @@ FINAL_WINDOW = 20
 
 def git_commit() -> str:
     """The qedprobe commit: ``git rev-parse HEAD`` of the checkout this module lives in, else
-    ``$QEDPROBE_COMMIT`` (set by the device scripts from the wheel's build record, since an
+    ``$QEDPROBE_COMMIT`` (set by ``scripts/device_env.sh`` from the wheel's build record, since an
     installed wheel has no git), else ``"unknown"``."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
