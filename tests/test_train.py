@@ -13,7 +13,7 @@ from qedprobe.tasks import make_task
 from qedprobe.model import QEDModel
 from qedprobe.train import TrainConfig, TrainData, WSD, read_log, train
 from qedprobe.train import opcheck, trainer
-from qedprobe.train.commands import config_from_args, register
+from qedprobe.cli.train import config_from_args, register
 from qedprobe.train.schedule import wsd_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]

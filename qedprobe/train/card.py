@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .bpe import FILES
+
 CARD_NAME = "MODEL_CARD.md"
 FINAL_WINDOW = 20
 """The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
@@ -88,7 +90,6 @@ def copy_tokenizer(tokenizer: str, folder: Path) -> None:
     ``folder``; nothing for ``"bytes"``."""
     if tokenizer == "bytes":
         return
-    from .bpe import FILES
 
     for name in FILES:
         src = Path(tokenizer) / name

@@ -13,14 +13,15 @@ import argparse
 import sys
 
 import torch
+from tqdm.auto import tqdm
 
 from qedprobe import dist
 from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.ops import ARMS, MODES
 
-from .config import DEVICES, LOSSES, PRESETS, TrainConfig
-from .data import MIXTURES
-from .trainer import resolve_device, train
+from qedprobe.train.config import DEVICES, LOSSES, PRESETS, TrainConfig
+from qedprobe.train.data import MIXTURES
+from qedprobe.train.trainer import resolve_device, train
 
 # CLI flag -> TrainConfig field (None values are not overrides)
 FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "batch_size",
@@ -60,7 +61,6 @@ FLAGS = {**{field: "--" + flag.replace("_", "-") for flag, field in {**FIELDS, *
 def _progress(cfg: TrainConfig, every: int, enabled: bool):
     """The per-step callback: a tqdm bar over the steps (elapsed, ETA) and, every ``every``
     steps, one line of statistics; returns ``(callback, close)``."""
-    from tqdm.auto import tqdm
     bar = None
 
     def show(rec: dict) -> None:
