@@ -1,4 +1,4 @@
-"""Compare what one GPU and N GPUs wrote (scripts/h200_distributed.sh); prints one JSON line and
+"""Compare what one GPU and N GPUs wrote (scripts/distributed_check.sh); prints one JSON line and
 exits 1 when they disagree beyond the stated tolerance.
 
     python scripts/dist_compare.py rows  SWEEP_1 SWEEP_N     # same rows, same predictions
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qedprobe.eval.sweep import load_results
+from qedprobe.eval.store import load_results
 from qedprobe.train import read_log
 
 EXACT_EIG = ("hist_", "count_", "n_", "min_", "max_", "edges_", "layers")

@@ -294,3 +294,18 @@ def test_repository_root_on_the_path_is_refused_by_name_where_it_would_shadow_ke
         return
     with pytest.raises(ImportError, match="start Python in another directory"):
         refuse_shadowed_kernels()
+
+
+def test_a_folder_with_a_tokenizer_gives_the_adapted_model_its_text_methods(tmp_path):
+    import shutil
+
+    from qedprobe.tokenizer import HFTokenizer
+
+    tiny_hf("qwen3_5").save_pretrained(tmp_path / "m")
+    assert adapt(tmp_path / "m").tokenizer is None
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"checkpoints/interference-full-s0/{name}", tmp_path / "m" / name)
+    model, tok = adapt(tmp_path / "m"), HFTokenizer(tmp_path / "m")
+    ids = model.to_tokens("apple 7341")
+    assert ids.tolist() == [[tok.bos_id] + tok.encode("apple 7341")]
+    assert model.to_string(ids[0]) == "apple 7341"

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from qedprobe.eval.commands import register as register_eval, tokenizer_spec
-from qedprobe.eval.control import ForeignKeyTask, ask_key, query_line
-from qedprobe.eval.tasks import NIAHTask
+from qedprobe.cli.evaluation import register as register_eval, tokenizer_spec
+from qedprobe.tasks.control import ForeignKeyTask, ask_key, query_line
+from qedprobe.tasks import NIAHTask
 from qedprobe.tokenizer import load_tokenizer
 from qedprobe.train import TrainConfig, TrainData, train
 from qedprobe.train.bpe import SPECIAL, train_tokenizer
-from qedprobe.train.commands import config_from_args, register as register_train
+from qedprobe.cli.train import config_from_args, register as register_train
 from qedprobe.train.data import Component, key_tokens
 from qedprobe.train.trainer import token_weights
 

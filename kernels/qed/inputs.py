@@ -5,6 +5,9 @@ returns a :class:`QEDProblem` with the sizes every op needs. Shapes follow fla's
 convention for grouped value heads: ``q, k`` ``[B, T, H, K]``; ``v, w`` ``[B, T, HV, V]``;
 ``g, b, d`` ``[B, T, HV, K]``; ``lam`` ``[HV]`` or ``[B, T, HV]``; ``z`` ``[HV, K]``; states
 ``[N, HV, K, V]``; ``HV`` a multiple of ``H`` (``HV == H``: one value head per query/key head).
+Each gate ``g, b, w`` may instead be one scalar per token and value head, ``[B, T, HV]``, the
+same for every channel (Gated DeltaNet's per-head decay and ``beta``; KDA's ``beta`` with a
+per-channel ``g``): the ops broadcast it over ``K`` (``g, b``) or ``V`` (``w``).
 Every failure is a
 ``ValueError`` that names the argument and what was expected; nothing is coerced.
 
@@ -36,6 +39,9 @@ longer than the chunk algorithm's within-chunk inverse. A model's ``lambda`` is 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
+QEDOutput = tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]
+"""What every QED op returns: ``(o, final_state, probes)``, ``None`` for what was not asked."""
+
 _VALUE_CHECKS = contextvars.ContextVar("qedprobe_value_checks", default=False)
 
 
@@ -65,6 +71,8 @@ class QEDProblem:
     ``offsets`` are the ``cu_seqlens`` values (``None`` without); ``seq_bounds`` lists
     ``(batch_row, bos, eos)`` for each of the N sequences.
     ``compute_dtype`` is float64 when the inputs are float64, else float32 (the state dtype).
+    ``head_g, head_b, head_w``: whether that gate is one scalar per token and value head
+    (``[B, T, HV]``) rather than per channel.
     """
 
     B: int
@@ -78,6 +86,9 @@ class QEDProblem:
     lam_per_token: bool
     compute_dtype: torch.dtype
     offsets: tuple | None
+    head_g: bool = False
+    head_b: bool = False
+    head_w: bool = False
 
     @property
     def seq_bounds(self) -> tuple:
@@ -97,6 +108,19 @@ def _shape(name: str, x, expected: tuple, op: str, dims: str):
         raise ValueError(f"{op}: `{name}` must be a torch.Tensor of shape {dims}, got {type(x).__name__}")
     if x.shape != tuple(expected):
         raise ValueError(f"{op}: `{name}` must have shape {dims} = {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def _gate(name: str, x, channel_shape: tuple, op: str, dims: str) -> bool:
+    """Check a gate of per-channel shape ``channel_shape`` (``dims``) or per-head shape
+    ``[B, T, HV]``; True for the per-head form."""
+    head_shape = tuple(channel_shape[:3])
+    if isinstance(x, torch.Tensor) and x.shape == head_shape:
+        return True
+    if isinstance(x, torch.Tensor) and x.shape == tuple(channel_shape):
+        return False
+    got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+    raise ValueError(f"{op}: `{name}` must have shape {dims} = {tuple(channel_shape)} (per channel) or "
+                     f"[B, T, HV] = {head_shape} (one scalar per value head), got {got}")
 
 
 def _float(name: str, x: torch.Tensor, op: str):
@@ -123,9 +147,9 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
                          f"of `q` (H={H}): value head j reads query/key head j // (HV // H)")
     _shape("k", k, (B, T, H, K), op, "[B, T, H, K]")
     _shape("v", v, (B, T, HV, V), op, "[B, T, HV, V]")
-    _shape("g", g, (B, T, HV, K), op, "[B, T, HV, K]")
-    _shape("b", b, (B, T, HV, K), op, "[B, T, HV, K]")
-    _shape("w", w, (B, T, HV, V), op, "[B, T, HV, V]")
+    head_g = _gate("g", g, (B, T, HV, K), op, "[B, T, HV, K]")
+    head_b = _gate("b", b, (B, T, HV, K), op, "[B, T, HV, K]")
+    head_w = _gate("w", w, (B, T, HV, V), op, "[B, T, HV, V]")
     if not isinstance(lam, torch.Tensor) or tuple(lam.shape) not in ((HV,), (B, T, HV)):
         got = tuple(lam.shape) if isinstance(lam, torch.Tensor) else type(lam).__name__
         raise ValueError(f"{op}: `lam` must be a tensor of shape [HV] = ({HV},) or [B, T, HV] = {(B, T, HV)}, "
@@ -200,7 +224,7 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
                              f"state can grow without bound), got max |lam| {lam.abs().max().item():.4g}")
 
     return QEDProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
-                      compute_dtype=compute_dtype, offsets=offsets)
+                      compute_dtype=compute_dtype, offsets=offsets, head_g=head_g, head_b=head_b, head_w=head_w)
 
 
 def on_input_device(fn):

@@ -34,6 +34,8 @@ from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeli
 from .recurrence import LinearAttnRecurrence
 
 _ADAPTED = "_qedprobe_adapted"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""A folder with one of these has a tokenizer: ``adapt(folder)`` gives the model its ``tokenizer``."""
 
 
 def _deltanets(hf_model, cfg: HFQEDConfig) -> dict:
@@ -188,12 +190,17 @@ def _defaults_only(hf_model):
 def adapt(model, *, op_mode: str = "auto", dtype: torch.dtype | None = None, device=None) -> HFQEDModel:
     """An :class:`HFQEDModel` around ``model``: a transformers model object (adapted in place,
     its weights shared) or a local folder (read with ``AutoModelForCausalLM`` and
-    ``local_files_only=True``: nothing is downloaded; ``dtype`` and ``device`` apply to it)."""
-    if isinstance(model, (str, os.PathLike)):
-        model = load_transformers(model, dtype=dtype, device=device)
+    ``local_files_only=True``: nothing is downloaded; ``dtype`` and ``device`` apply to it; its
+    tokenizer, if it has one, becomes ``model.tokenizer`` for ``to_tokens`` / ``to_string``)."""
+    folder = model if isinstance(model, (str, os.PathLike)) else None
+    if folder is not None:
+        model = load_transformers(folder, dtype=dtype, device=device)
     elif dtype is not None or device is not None:
         raise ValueError("adapt: `dtype` and `device` apply to a folder; move the model object yourself")
-    return HFQEDModel(model, op_mode=op_mode)
+    adapted = HFQEDModel(model, op_mode=op_mode)
+    if folder is not None and any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
+        adapted.tokenizer = os.fspath(folder)  # model.to_tokens / to_string (read on first use)
+    return adapted
 
 
 def load_transformers(path, *, dtype: torch.dtype | None = None, device=None) -> nn.Module:

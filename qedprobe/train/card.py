@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .bpe import FILES
+
 CARD_NAME = "MODEL_CARD.md"
 FINAL_WINDOW = 20
 """The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
@@ -18,7 +20,7 @@ FINAL_WINDOW = 20
 
 def git_commit() -> str:
     """The qedprobe commit: ``git rev-parse HEAD`` of the checkout this module lives in, else
-    ``$QEDPROBE_COMMIT`` (set by the device scripts from the wheel's build record, since an
+    ``$QEDPROBE_COMMIT`` (set by ``scripts/device_env.sh`` from the wheel's build record, since an
     installed wheel has no git), else ``"unknown"``."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
@@ -94,7 +96,7 @@ Frozen for analysis: load with `QEDModel.from_pretrained(path)`. Weights are bf1
 {extra}
 ## Data recipe
 
-Documents are evaluation-format NIAH prompts from `qedprobe.eval.tasks` in the **legacy** task
+Documents are evaluation-format NIAH prompts from `qedprobe.tasks` in the **legacy** task
 format (`task_format` in `config.json`; evaluate with `qedprobe sweep --format legacy`; the default
 `ruler` format is NVIDIA RULER's prompts, which this model has not seen) followed by their
 answer and EOS, packed whole into rows (PAD after). Training draws its samples from negative
@@ -127,7 +129,6 @@ def copy_tokenizer(tokenizer: str, folder: Path) -> None:
     ``folder``; nothing for ``"bytes"``."""
     if tokenizer == "bytes":
         return
-    from .bpe import FILES
 
     for name in FILES:
         src = Path(tokenizer) / name

@@ -1,0 +1,415 @@
+"""Sub-commands ``sweep``, ``report`` and ``eig`` of the ``qedprobe`` CLI (:mod:`qedprobe.eval`).
+
+``register(subparsers)`` adds them; each sets ``func=run_x`` with ``run_x(args) -> int``.
+Every check that needs no model (task, lengths, strengths, tokenizer, output path, the model
+folder's ``config.json``) runs before the weights are loaded; a sweep folder's own
+``config.json`` is compared after, as it records the weights' hash. Errors are printed as one
+line ``qedprobe <cmd>: error: ...`` with exit status 2.
+
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from qedprobe import dist
+from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.eval import sweep
+from qedprobe.eval.eig import run_eig, task_batches, text_batches
+from qedprobe.eval.report import build_report
+from qedprobe.eval.spec import (SweepSpec, check_model, check_strengths_for, check_tokenizer_fits, parse_float_list,
+                                parse_int_list, sweep_config)
+from qedprobe.eval.store import SweepError, open_store
+from qedprobe.hf.folder import folder_config, is_transformers_folder, load_folder
+from qedprobe.kernels.qed import ARMS
+from qedprobe.model import QEDConfig, QEDModel
+from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.tasks import DEFAULT_FORMAT, FORMATS, ForeignKeyTask, make_task
+from qedprobe.tokenizer import TokenizerError, load_tokenizer
+
+__all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _idx_list(text, name):
+    if text is None:
+        return None
+    return parse_int_list(text, name)
+
+
+def _common_model_args(p):
+    p.add_argument("--model", required=True,
+                   help="folder written by QEDModel.save_pretrained, or a transformers Qwen3.5 / "
+                        "Qwen3-Next / OLMo-Hybrid folder (qedprobe.hf)")
+    p.add_argument("--tokenizer", default=None,
+                   help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder "
+                        "(default: the --model folder when it is a transformers folder or holds a "
+                        "tokenizer.json, else bytes)")
+    p.add_argument("--qed-lambda", type=float, default=None,
+                   help="transformers --model only: inject QED with this lambda on every "
+                        "linear-attention head (default: none, the model as trained)")
+    p.add_argument("--qed-arm", default="full", choices=[a for a in ARMS if a != "gdn2"],
+                   help="erase direction of --qed-lambda")
+    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--layers", default=None, help="comma list of layers whose lambda s scales (default all)")
+    p.add_argument("--heads", default=None, help="comma list of heads whose lambda s scales (default all)")
+    p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
+                   help="task format: ruler (NVIDIA RULER's NIAH prompts, budget and score; default) or "
+                        "legacy (the format the shipped checkpoints were trained on)")
+    p.add_argument("--chat-template", action="store_true",
+                   help="ruler format: put each prompt in the tokenizer's own chat template as the user's "
+                        "turn, the assistant's turn opened, then RULER's answer prefix (default: raw prompts)")
+
+
+def register(subparsers) -> None:
+    """Add ``sweep``, ``report`` and ``eig`` to an argparse ``subparsers`` object."""
+    _register_sweep(subparsers)
+    _register_report(subparsers)
+    _register_eig(subparsers)
+
+
+def _register_sweep(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="NIAH accuracy vs inference-time strength s (resumable)",
+                              description="Run a strength sweep: every (length, s, sample) once, "
+                                          "appended to OUT/results.jsonl; rerun to resume.")
+    _common_model_args(p)
+    p.add_argument("--task", default="s-niah-1",
+                   help="ruler: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery "
+                        "(s-niah-1/2/3 and mk-niah name niah_single_1/2/3 and niah_multikey_1); "
+                        "legacy: s-niah-1, s-niah-2, s-niah-3 or mk-niah")
+    p.add_argument("--lengths", default="1024,2048,4096", help="comma list of token lengths (2K = 2048)")
+    p.add_argument("--strengths", default="-1,0,0.5,1,1.5,2", help="comma list of s (lambda -> s * lambda)")
+    p.add_argument("--samples", type=int, default=500, help="prompts per length and strength")
+    p.add_argument("--seed", type=int, default=0, help="data seed (keys, values, haystack offsets)")
+    p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per generate call")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="on CUDA without --batch-size: batch = batch_tokens // length (default: the largest "
+                        "power of two <= 2^20 whose prefill fits in 60%% of the free GPU memory)")
+    p.add_argument("--phase", default="all", choices=("all", "prefill", "decode"),
+                   help="where s scales lambda: every token, the prompt only, or the generated tokens only")
+    p.add_argument("--ref-strength", type=float, default=1.0, help="McNemar reference strength")
+    p.add_argument("--haystack-file", default=None,
+                   help="essay/prose haystack: ruler's essay tasks take RULER's PaulGrahamEssays.json, a "
+                        ".txt file or a folder of them; legacy s-niah-2/3, mk-niah a text file "
+                        "(default: the shipped prose, a stand-in for the essays)")
+    p.add_argument("--num-needles", type=int, default=None, help="legacy: needles in mk-niah (default 4)")
+    p.add_argument("--haystack", default=None, choices=("noise", "prose"),
+                   help="legacy: haystack of mk-niah (default prose; the other tasks have a fixed one)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="legacy only: tokens generated per prompt, >= 1 (default: 16 for numbers, 48 for "
+                        "UUIDs; ruler: 128)")
+    p.add_argument("--control", default=None, choices=("foreign-key",),
+                   help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
+                        "(qedprobe.tasks.control; a key-matching model falls to <= 1/num_needles)")
+    p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--eager", action="store_true",
+                   help="the plain path for debugging: every layer in plain PyTorch (not the torch.compile'd "
+                        "fast path a QEDModel runs on CUDA by default) and eager decode steps (as --eager-decode)")
+    p.add_argument("--eager-decode", action="store_true",
+                   help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_sweep_cmd)
+
+
+def _register_report(subparsers) -> None:
+    p = subparsers.add_parser("report", help="several sweeps side by side, with paired tests",
+                              description="Markdown tables and a figure from sweep folders.")
+    p.add_argument("sweeps", nargs="+", help="sweep output folders")
+    p.add_argument("--labels", default=None, help="comma list of column labels (default: folder names)")
+    p.add_argument("--s", type=float, default=1.0, help="strength shown in the main table")
+    p.add_argument("--baseline", default="0", help="index or label of the baseline sweep (default first)")
+    p.add_argument("--title", default=None, help="report title")
+    p.add_argument("--out", default=None, help="folder for report.md, report.json, report.png")
+    p.set_defaults(func=run_report_cmd)
+
+
+def _register_eig(subparsers) -> None:
+    p = subparsers.add_parser("eig", help="streaming histograms of e_t, rho_t, ||S^T d||, sigma_max(M_t)",
+                              description="Run a task or a text file through the model and save "
+                                          "per-layer, per-head statistics of the erase factor.")
+    _common_model_args(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--task", default=None, help="NIAH task providing the inputs (default s-niah-1)")
+    src.add_argument("--text", default=None, help="text file providing the inputs")
+    p.add_argument("--length", type=parse_length, default=4096, help="tokens per input (2K = 2048)")
+    p.add_argument("--samples", type=int, default=8, help="number of inputs")
+    p.add_argument("--seed", type=int, default=0, help="data seed of the task inputs")
+    p.add_argument("--batch-size", type=int, default=1, help="inputs per forward pass")
+    p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
+    p.add_argument("--allow-extrapolation", action="store_true")
+    p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_eig_cmd)
+
+
+def parse_length(text):
+    try:
+        (v,) = parse_int_list(text, "length")
+    except (SweepError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return v
+
+
+_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
+               "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
+               "chat_template": "--chat-template"}
+FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
+                   "strengths": "--strengths", "batch_size": "--batch-size", "batch_tokens": "--batch-tokens"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
+         "report": {"baseline": "--baseline", "labels": "--labels", "s": "--s"}}
+"""Per command: Python argument -> CLI flag, for error messages."""
+
+
+def _fail(cmd, msg) -> int:
+    return fail(cmd, msg, FLAGS[cmd])
+
+
+def _device_dtype(args):
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise SweepError(f"--device {device!r}: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SweepError("--device cuda requested but CUDA is not available")
+    name = args.dtype
+    if name == "auto":
+        name = "bfloat16" if dev.type == "cuda" else "float32"
+    return dev, getattr(torch, name)
+
+
+def _is_transformers(args) -> bool:
+    return is_transformers_folder(args.model)
+
+
+def tokenizer_spec(args) -> str:
+    """``--tokenizer`` as given; when not given, the ``--model`` folder if it is a transformers
+    folder or holds a ``tokenizer.json`` (``qedprobe train --tokenizer`` ships it there), else
+    ``"bytes"``."""
+    if args.tokenizer is not None:
+        return args.tokenizer
+    own = _is_transformers(args) or (Path(args.model) / "tokenizer.json").is_file()
+    return args.model if own else "bytes"
+
+
+def _check_chat_template(args) -> None:
+    """``--chat-template`` wraps task prompts of the ruler format: refused with ``--format
+    legacy`` and with ``eig --text``."""
+    if not args.chat_template:
+        return
+    if args.format != "ruler":
+        raise SweepError(f"--chat-template applies to --format ruler, got --format {args.format}")
+    if getattr(args, "text", None) is not None:
+        raise SweepError("--chat-template applies to task prompts (--task), not to --text")
+
+
+def _rank_device_dtype(args):
+    """:func:`_device_dtype`, with the process group started under torchrun and a CUDA device
+    per rank (``qedprobe.dist``)."""
+    dev, dtype = _device_dtype(args)
+    dist.init_from_env(dev)
+    return dist.rank_device(dev), dtype
+
+
+def _model_config(path, args):
+    p = Path(path)
+    if not p.is_dir():
+        raise SweepError(f"--model {path!r} is not a folder")
+    try:
+        if _is_transformers(args):
+            return folder_config(p, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
+        if args.qed_lambda is not None:
+            raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
+        return QEDConfig.load(p / "config.json")
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        raise SweepError(f"--model {path!r}: {exc}") from None
+
+
+def _check_out(path) -> None:
+    try:
+        check_out_folder(path)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+
+
+def _load_model(path, dev, dtype, args):
+    try:
+        if _is_transformers(args):
+            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
+        model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
+    except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
+        raise SweepError(f"cannot load the model from {path!r}: {type(exc).__name__}: {exc}") from None
+    return model.eval()
+
+
+def run_sweep_cmd(args) -> int:
+    try:
+        spec, cfg = _sweep_spec(args)
+        dev, dtype = _rank_device_dtype(args)
+        _check_out(args.out)
+        model = _load_model(args.model, dev, dtype, args)  # the folder's config records the weights' hash
+        config = sweep_config(spec, model_id=spec.model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
+                              weights=state_dict_sha256(model))
+        store = open_store(args.out, config)
+        try:
+            result = sweep.run_sweep(model, spec, out=store)
+        finally:
+            store.close()
+    except SweepError as exc:
+        return _fail("sweep", exc)
+    if dist.is_main():
+        timing = result.timing
+        ranks = f" (rank 0 of {dist.world_size()})" if dist.world_size() > 1 else ""
+        print(summary_table(result.summary))
+        print(f"wrote {Path(args.out) / 'summary.csv'} ({len(result.summary)} cells); "
+              f"model time {timing['model_s']:.1f} s{ranks}, "
+              f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s, "
+              f"{'fast path (' + result.fast_path + ')' if result.fast_path else 'plain path'}")
+    return 0
+
+
+def _sweep_spec(args) -> tuple[SweepSpec, object]:
+    """The sweep the flags describe, checked against the ``--model`` folder's config (no weights
+    read), and that config."""
+    if args.control is not None and (args.task != "mk-niah" or args.format != "legacy"):
+        raise SweepError(f"--control {args.control} needs --format legacy --task mk-niah, "
+                         f"got --format {args.format} --task {args.task}")
+    _check_chat_template(args)
+    spec = SweepSpec(task=_sweep_task(args), lengths=parse_int_list(args.lengths, "--lengths"),
+                     strengths=parse_float_list(args.strengths, "--strengths"), samples=args.samples,
+                     seed=args.seed, layers=_idx_list(args.layers, "--layers"), heads=_idx_list(args.heads, "--heads"),
+                     phase=args.phase, allow_extrapolation=args.allow_extrapolation, ref_strength=args.ref_strength,
+                     batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                     cuda_graph=not (args.eager or args.eager_decode), fast_path=False if args.eager else None,
+                     model_id=str(Path(args.model).resolve()), progress=not args.no_progress)
+    if round(args.ref_strength, 6) not in {round(s, 6) for s in spec.strengths}:
+        raise SweepError(f"--ref-strength {args.ref_strength:g} is not among --strengths {args.strengths}: "
+                         "the paired tests need its rows (list it; rows already in --out are not recomputed)")
+    cfg = _model_config(args.model, args)
+    if getattr(cfg, "task_format", None) not in (None, args.format):
+        print(f"qedprobe sweep: note: the model was trained on the {cfg.task_format} format, "
+              f"this sweep uses --format {args.format}", file=sys.stderr)
+    try:
+        check_model(spec, cfg)
+    except SweepError as exc:
+        hint = ("pass --qed-lambda (and --qed-arm) to inject QED into this transformers model, or "
+                "--strengths=1") if _is_transformers(args) else "pass --strengths=1"
+        raise SweepError(f"{exc}; {hint}" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
+    return spec, cfg
+
+
+def _sweep_task(args):
+    """The task generator of ``--task`` in ``--format`` (or its ``--control``)."""
+    task_kw = dict(haystack_file=args.haystack_file, num_needles=args.num_needles,
+                   max_new_tokens=args.max_new_tokens, haystack=args.haystack)
+    try:
+        if args.control:
+            return ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
+        return make_task(args.task, tokenizer_spec(args), format=args.format, chat_template=args.chat_template,
+                         **task_kw)
+    except (TokenizerError, OSError, ValueError) as exc:
+        raise SweepError(str(exc)) from None
+
+
+def summary_table(summary) -> str:
+    """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent),
+    McNemar vs the reference s."""
+    lines = ["| length | s | n | accuracy | 95% CI | RULER score % | b | c | McNemar p |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary:
+        p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
+        lines.append(f"| {r['length']} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
+                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['score_pct']:.2f} | {r['b']} | {r['c']} | {p} |")
+    return "\n".join(lines)
+
+
+def run_report_cmd(args) -> int:
+    try:
+        labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
+        base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
+        md = build_report(args.sweeps, labels=labels, s=args.s, baseline=base, out=args.out,
+                          title=args.title, warn=lambda m: print(f"qedprobe report: warning: {m}", file=sys.stderr))
+    except (SweepError, OSError, json.JSONDecodeError, IndexError) as exc:
+        return _fail("report", exc)
+    print(md)
+    return 0
+
+
+def run_eig_cmd(args) -> int:
+    try:
+        layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
+        if args.samples < 1 or args.batch_size < 1 or args.length < 2:
+            raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
+        dev, dtype = _rank_device_dtype(args)
+        shard = (dist.rank(), dist.world_size())
+        try:
+            _check_chat_template(args)
+            tok = load_tokenizer(tokenizer_spec(args))
+            if args.text is not None:
+                if not Path(args.text).is_file():
+                    raise SweepError(f"--text {args.text!r} is not a file")
+                batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
+                                       batch_size=args.batch_size, shard=shard)
+            else:
+                nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
+                if args.length < nt.min_length():
+                    raise SweepError(f"--length {args.length} is too short for {nt.name} "
+                                     f"(need >= {nt.min_length()})")
+                batches = task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
+                                       batch_size=args.batch_size, shard=shard)
+        except (TokenizerError, ValueError, OSError) as exc:
+            raise SweepError(str(exc)) from None
+        cfg = _model_config(args.model, args)
+        check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
+        check_tokenizer_fits(tok, cfg.vocab_size)
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise SweepError(f"--out {args.out!r} exists and is not a folder")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SweepError(f"--out {args.out!r}: {exc}") from None
+        model = _load_model(args.model, dev, dtype, args)
+        total = len(range(0, args.samples, args.batch_size)[shard[0]::shard[1]])
+        acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
+                      allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
+                      total=total)
+        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
+                         "chat_template": args.chat_template, "text": args.text, "length": args.length,
+                         "samples": args.samples})
+        if not dist.is_main():
+            return 0
+        paths = acc.save(out)
+    except SweepError as exc:
+        return _fail("eig", exc)
+    except ValueError as exc:  # e.g. strength out of range
+        return _fail("eig", exc)
+    print(eig_table(acc.summary()))
+    print(f"eig: {acc.tokens} tokens per head; wrote " + ", ".join(p.name for p in paths))
+    return 0
+
+
+def eig_table(summary: dict) -> str:
+    """Per layer (over its heads) as a markdown table: the erase eigenvalue ``e_t`` (min, mean,
+    max; token-heads outside ``(0, 1)``), the largest ``sigma_max(M_t)`` and the mean size of
+    QED's output correction ``|lambda rho_t| scale ||S_bar_t^T d_t||`` (``corr``)."""
+    lines = ["| layer | e min | e mean | e max | token-heads with e outside (0, 1) | sigma_max max | corr mean |",
+             "|---|---|---|---|---|---|---|"]
+    for layer in summary["layers"]:
+        heads = layer["heads"]
+        n = sum(h["n"] for h in heads)
+
+        def mean(name):
+            return sum(h[name]["mean"] * h["n"] for h in heads) / n if n else math.nan
+        lines.append(f"| {layer['layer']} | {min(h['e']['min'] for h in heads):.4f} | {mean('e'):.4f} | "
+                     f"{max(h['e']['max'] for h in heads):.4f} | {sum(h['e_out01'] for h in heads)} of {n} | "
+                     f"{max(h['sigma']['max'] for h in heads):.4f} | {mean('corr'):.3g} |")
+    return "\n".join(lines)
