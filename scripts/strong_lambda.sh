@@ -3,13 +3,15 @@
 #
 #   scripts/strong_lambda.sh train --out DIR [--seeds "0 1 2"] [--arms "full noproj"] [--lambda-max 1.0]
 #       [--theta-init 0] [--theta-lr-mult 10] [--steps 1200] [--budget SECONDS] [--gpus "0"] [--prefix strong-]
+#       [--baseline checkpoints]
 #   scripts/strong_lambda.sh eval --out DIR [--baseline checkpoints] [--needles "4 8"]
 #       [--lengths 2K,4K,8K,16K,32K] [--samples 100] [--phases "all prefill decode"] [--budget SECONDS]
-#       [--gpus "0"] [--per-gpu 4] [--prefix strong-]
+#       [--gpus "0"] [--per-gpu 4] [--prefix strong-] [--device cpu]
 #
 # train: the interference recipe of the shipped `interference-*` (scripts/train_checkpoints.sh
 # --recipe interference: the same data, seeds and initialisation, so runs pair with the shipped
-# `interference-gdn2-s<seed>`) with lambda = lambda_max * sigmoid(theta) started at
+# `interference-gdn2-s<seed>`; the BPE tokenizer is the one shipped in --baseline's
+# interference-gdn2-s0, so the tokens are theirs too) with lambda = lambda_max * sigmoid(theta) started at
 # lambda_max * sigmoid(--theta-init) (0: lambda_max / 2) and theta's rate --theta-lr-mult x the
 # learning rate. Runs go to DIR/runs/<name>/, models to DIR/ckpt/<name>/, <name> =
 # <prefix><arm>-lm<lambda_max>-s<seed>. --budget caps each run's seconds in this call (it stops at
@@ -23,6 +25,8 @@
 # McNemar p and the targets (s = 1 >= 90 % at the training length, 2K, with 4 needles; some s
 # >= 20 points from s = 1 with p < 1e-3). --budget stops the sweeps after that many seconds
 # (`timeout`; the rows stay and the same command resumes them). Sweeps: DIR/eval/<name>/<cell>/.
+# --device runs every sweep there instead of on cuda:<gpu> (e.g. cpu, for a dry run on few prompts).
+# Run from the repository root (--baseline is a relative path by default).
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "strong_lambda.sh: $*" >&2; exit 2; }
@@ -32,7 +36,7 @@ STAGE=${1:-}
 case $STAGE in -h | --help) usage ;; train | eval) shift ;; *) die "first argument: train or eval (--help)" ;; esac
 OUT="" SEEDS="0 1 2" ARMS="full noproj" LAMBDA_MAX=1.0 THETA_INIT=0 THETA_LR=10 STEPS=1200 BUDGET=""
 GPUS="" PREFIX=strong- BASELINE=checkpoints NEEDLES="4 8" LENGTHS=2K,4K,8K,16K,32K SAMPLES=100
-PHASES="all prefill decode" PER_GPU=4 PY="python3 -P"
+PHASES="all prefill decode" PER_GPU=4 PY="python3 -P" DEVICE=""
 while (($#)); do
     case $1 in -h | --help) usage ;; esac
     [[ $# -ge 2 ]] || die "$1 needs a value"
@@ -41,7 +45,7 @@ while (($#)); do
         --theta-init) THETA_INIT=$2 ;; --theta-lr-mult) THETA_LR=$2 ;; --steps) STEPS=$2 ;;
         --budget) BUDGET=$2 ;; --gpus) GPUS=$2 ;; --prefix) PREFIX=$2 ;; --baseline) BASELINE=$2 ;;
         --needles) NEEDLES=$2 ;; --lengths) LENGTHS=$2 ;; --samples) SAMPLES=$2 ;; --phases) PHASES=$2 ;;
-        --per-gpu) PER_GPU=$2 ;; --python) PY=$2 ;;
+        --per-gpu) PER_GPU=$2 ;; --python) PY=$2 ;; --device) DEVICE=$2 ;;
         *) die "unknown argument '$1' (--help lists them)" ;;
     esac
     shift 2
@@ -49,7 +53,9 @@ done
 [[ -n $OUT ]] || die "--out DIR is required"
 [[ -z $BUDGET || $BUDGET =~ ^[1-9][0-9]*$ ]] || die "--budget must be a positive number of seconds, got '$BUDGET'"
 [[ $PER_GPU =~ ^[1-9][0-9]*$ ]] || die "--per-gpu must be a positive integer, got '$PER_GPU'"
-if [[ -z $GPUS ]]; then
+if [[ -n $DEVICE ]]; then
+    GPUS=${GPUS:--}
+elif [[ -z $GPUS ]]; then
     command -v nvidia-smi > /dev/null || die "no nvidia-smi: pass --gpus (CUDA device indices)"
     GPUS=$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))
 fi
@@ -61,8 +67,10 @@ if [[ $STAGE == train ]]; then
         [[ $arm == gdn2 ]] && die "--arms: gdn2 has no lambda (its models are the shipped interference-gdn2-s<seed>)"
         arms+="$arm@$LAMBDA_MAX "
     done
+    [[ -f $BASELINE/interference-gdn2-s0/tokenizer.json ]] || die "--baseline $BASELINE has no interference-gdn2-s0/tokenizer.json"
     exec "$HERE/train_checkpoints.sh" --recipe interference --runs "$OUT/runs" --ckpt "$OUT/ckpt" \
-        --arms "$arms" --seeds "$SEEDS" --prefix "$PREFIX" --steps "$STEPS" --gpus "$GPUS" --python "$PY" \
+        --tokenizer "$BASELINE/interference-gdn2-s0" --arms "$arms" --seeds "$SEEDS" --prefix "$PREFIX" \
+        --steps "$STEPS" --gpus "$GPUS" --python "$PY" \
         ${BUDGET:+--max-seconds "$BUDGET"} -- --theta-init "$THETA_INIT" --theta-lr-mult "$THETA_LR"
 fi
 
@@ -96,7 +104,7 @@ sweep() {  # sweep "MODEL|OUT|STRENGTHS|FLAGS" DEVICE
 slots=$((${#GPU_LIST[@]} * PER_GPU))
 for ((slot = 0; slot < slots; slot++)); do
     (for ((i = slot; i < ${#JOBS[@]}; i += slots)); do
-        sweep "${JOBS[$i]}" "cuda:${GPU_LIST[$((slot % ${#GPU_LIST[@]}))]}"
+        sweep "${JOBS[$i]}" "${DEVICE:-cuda:${GPU_LIST[$((slot % ${#GPU_LIST[@]}))]}}"
     done) &
 done
 wait
