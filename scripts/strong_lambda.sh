@@ -6,7 +6,7 @@
 #       [--baseline checkpoints]
 #   scripts/strong_lambda.sh eval --out DIR [--baseline checkpoints] [--needles "4 8"]
 #       [--lengths 2K,4K,8K,16K,32K] [--samples 100] [--phases "all prefill decode"] [--budget SECONDS]
-#       [--gpus "0"] [--per-gpu 4] [--prefix strong-] [--device cpu]
+#       [--gpus "0"] [--per-gpu 4] [--batch-tokens 262144] [--prefix strong-] [--device cpu]
 #
 # train: the interference recipe of the shipped `interference-*` (scripts/train_checkpoints.sh
 # --recipe interference: the same data, seeds and initialisation, so runs pair with the shipped
@@ -25,6 +25,8 @@
 # McNemar p and the targets (s = 1 >= 90 % at the training length, 2K, with 4 needles; some s
 # >= 20 points from s = 1 with p < 1e-3). --budget stops the sweeps after that many seconds
 # (`timeout`; the rows stay and the same command resumes them). Sweeps: DIR/eval/<name>/<cell>/.
+# --batch-tokens: prompt tokens per generate call of each sweep (fixed, so that --per-gpu sweeps
+# sharing a GPU do not each size their batches to 60 % of its free memory and run it out).
 # --device runs every sweep there instead of on cuda:<gpu> (e.g. cpu, for a dry run on few prompts).
 # Run from the repository root (--baseline is a relative path by default).
 set -euo pipefail
@@ -36,7 +38,7 @@ STAGE=${1:-}
 case $STAGE in -h | --help) usage ;; train | eval) shift ;; *) die "first argument: train or eval (--help)" ;; esac
 OUT="" SEEDS="0 1 2" ARMS="full noproj" LAMBDA_MAX=1.0 THETA_INIT=0 THETA_LR=10 STEPS=1200 BUDGET=""
 GPUS="" PREFIX=strong- BASELINE=checkpoints NEEDLES="4 8" LENGTHS=2K,4K,8K,16K,32K SAMPLES=100
-PHASES="all prefill decode" PER_GPU=4 PY="python3 -P" DEVICE=""
+PHASES="all prefill decode" PER_GPU=4 PY="python3 -P" DEVICE="" BATCH_TOKENS=262144
 while (($#)); do
     case $1 in -h | --help) usage ;; esac
     [[ $# -ge 2 ]] || die "$1 needs a value"
@@ -45,7 +47,7 @@ while (($#)); do
         --theta-init) THETA_INIT=$2 ;; --theta-lr-mult) THETA_LR=$2 ;; --steps) STEPS=$2 ;;
         --budget) BUDGET=$2 ;; --gpus) GPUS=$2 ;; --prefix) PREFIX=$2 ;; --baseline) BASELINE=$2 ;;
         --needles) NEEDLES=$2 ;; --lengths) LENGTHS=$2 ;; --samples) SAMPLES=$2 ;; --phases) PHASES=$2 ;;
-        --per-gpu) PER_GPU=$2 ;; --python) PY=$2 ;; --device) DEVICE=$2 ;;
+        --per-gpu) PER_GPU=$2 ;; --python) PY=$2 ;; --device) DEVICE=$2 ;; --batch-tokens) BATCH_TOKENS=$2 ;;
         *) die "unknown argument '$1' (--help lists them)" ;;
     esac
     shift 2
@@ -97,7 +99,7 @@ sweep() {  # sweep "MODEL|OUT|STRENGTHS|FLAGS" DEVICE
     # shellcheck disable=SC2086
     ${BUDGET:+timeout "$BUDGET"} $PY -m qedprobe.cli sweep --model "$model" --device "$2" --format legacy \
         --task mk-niah --haystack prose $flags --lengths "$LENGTHS" --strengths="$strengths" \
-        --samples "$SAMPLES" --seed 0 --out "$cell" --no-progress >> "$cell.log" 2>&1 \
+        --samples "$SAMPLES" --seed 0 --batch-tokens "$BATCH_TOKENS" --out "$cell" --no-progress >> "$cell.log" 2>&1 \
         || echo "stopped: $cell (see $cell.log; the same command resumes it)"
 }
 
