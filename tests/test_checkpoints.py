@@ -5,7 +5,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors import safe_open
 
 from qedprobe.model import QEDModel

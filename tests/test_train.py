@@ -15,7 +15,7 @@ from qedprobe.tasks import make_task
 from qedprobe.model import QEDModel
 from qedprobe.train import TrainConfig, TrainData, WSD, read_log, train
 from qedprobe.train import opcheck, trainer
-from qedprobe.cli.train import config_from_args, register
+from qedprobe.cli.train import command_line, config_from_args, register
 from qedprobe.train.schedule import wsd_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,7 +337,6 @@ def test_card_records_the_training_command_and_lambda_per_layer_and_head(tmp_pat
     """The command the card records parses back to the same config; the lambda table holds the
     trained values; ``set_card_section`` replaces a section in place and appends a new one."""
     from qedprobe.train.card import set_card_section
-    from qedprobe.train.commands import command_line
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     argv = ["train", "--preset", "micro", "--out", str(tmp_path / "run"), "--arm", "full", "--steps", "2",
