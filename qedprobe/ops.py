@@ -64,4 +64,11 @@ def qed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
             raise ValueError(f"qed_attention: `inplace_final_state=True` needs the recurrent op (CUDA tensors, "
                              f"one token per sequence, mode 'auto' or 'recurrent'); this call runs {mode!r}")
         kwargs["inplace_final_state"] = True
-    return OPS[mode](q, k, v, g, b, w, lam, **kwargs)
+    op = OPS[mode]
+    try:
+        return op(q, k, v, g, b, w, lam, **kwargs)
+    except ValueError as err:  # the op's checks name the op; the caller called qed_attention
+        text = str(err)
+        if not text.startswith(f"{op.__name__}: "):
+            raise
+        raise ValueError(f"qed_attention (mode {mode!r}): {text.removeprefix(f'{op.__name__}: ')}") from None
