@@ -8,6 +8,7 @@ from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
 from qedprobe.model import QEDModel, strength
 from qedprobe.model import decode_step as decode_step_module
 from qedprobe.model import mixer as mixer_module
+from qedprobe.model.strength import active_lambda_scale
 
 from helpers import ids, tiny
 
@@ -164,7 +165,7 @@ def test_strength_nesting_and_exceptions_restore(model):
     with pytest.raises(RuntimeError, match="boom"):
         with strength(model, 0.0):
             raise RuntimeError("boom")
-    assert model.strength_factors == []
+    assert active_lambda_scale(model).factors == ()
     assert torch.equal(model(x), base)
 
 
@@ -219,7 +220,7 @@ def test_strength_bad_input(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         with strength(model, **kwargs):
             pass
-    assert model.strength_factors == []
+    assert active_lambda_scale(model).factors == ()
 
 
 def test_strength_extrapolation_allowed_and_non_model_refused(model):
