@@ -26,6 +26,7 @@ from qedprobe.eval.spec import (SweepSpec, check_model, check_strengths_for, che
                                 parse_int_list, sweep_config)
 from qedprobe.eval.store import SweepError, open_store
 from qedprobe.hf.folder import folder_config, is_transformers_folder, load_folder
+from qedprobe.hf.inject import injected_config
 from qedprobe.kernels.qed import ARMS
 from qedprobe.model import QEDConfig, QEDModel
 from qedprobe.model.checkpoint import state_dict_sha256
@@ -35,6 +36,8 @@ from qedprobe.tokenizer import TokenizerError, load_tokenizer
 __all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXTRAPOLATION_HELP = ("allow s outside [-1, 2] and --qed-lambda outside [0, 0.25] (lambda_max of a QED head): "
+                      "beyond them the state may grow")
 
 
 def _idx_list(text, name):
@@ -110,7 +113,7 @@ def _register_sweep(subparsers) -> None:
     p.add_argument("--control", default=None, choices=("foreign-key",),
                    help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
                         "(qedprobe.tasks.control; a key-matching model falls to <= 1/num_needles)")
-    p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--eager", action="store_true",
                    help="the plain path for debugging: every layer in plain PyTorch (not the torch.compile'd "
                         "fast path a QEDModel runs on CUDA by default) and eager decode steps (as --eager-decode)")
@@ -145,7 +148,7 @@ def _register_eig(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="data seed of the task inputs")
     p.add_argument("--batch-size", type=int, default=1, help="inputs per forward pass")
     p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
-    p.add_argument("--allow-extrapolation", action="store_true")
+    p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_eig_cmd)
@@ -159,7 +162,7 @@ def parse_length(text):
     return v
 
 
-_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
+_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "lam": "--qed-lambda", "max_new_tokens": "--max-new-tokens",
                "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
                "chat_template": "--chat-template"}
 FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
@@ -223,14 +226,18 @@ def _model_config(path, args):
     p = Path(path)
     if not p.is_dir():
         raise SweepError(f"--model {path!r} is not a folder")
+    if args.qed_lambda is not None and not _is_transformers(args):
+        raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
     try:
-        if _is_transformers(args):
-            return folder_config(p, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
-        if args.qed_lambda is not None:
-            raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
-        return QEDConfig.load(p / "config.json")
+        cfg = folder_config(p) if _is_transformers(args) else QEDConfig.load(p / "config.json")
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise SweepError(f"--model {path!r}: {exc}") from None
+    if args.qed_lambda is None:
+        return cfg
+    try:
+        return injected_config(cfg, args.qed_lambda, args.qed_arm, allow_extrapolation=args.allow_extrapolation)
+    except ValueError as exc:  # inject_qed's words -> the flags' (FLAGS: `lam` is --qed-lambda)
+        raise SweepError(str(exc).removeprefix("inject_qed: ")) from None
 
 
 def _check_out(path) -> None:
@@ -243,7 +250,8 @@ def _check_out(path) -> None:
 def _load_model(path, dev, dtype, args):
     try:
         if _is_transformers(args):
-            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
+            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm,
+                               allow_extrapolation=args.allow_extrapolation)
         model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
     except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
         raise SweepError(f"cannot load the model from {path!r}: {type(exc).__name__}: {exc}") from None
@@ -384,7 +392,8 @@ def run_eig_cmd(args) -> int:
                       total=total)
         acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
                          "chat_template": args.chat_template, "text": args.text, "length": args.length,
-                         "samples": args.samples})
+                         "samples": args.samples, "qed_lambda": args.qed_lambda,
+                         "qed_arm": None if args.qed_lambda is None else args.qed_arm})
         if not dist.is_main():
             return 0
         paths = acc.save(out)
