@@ -177,3 +177,19 @@ def test_eig_prints_a_per_layer_table(model_dir, tmp_path, capsys):
     assert [int(r.split("|")[1]) for r in rows] == [0, 1]
     e_min = min(h["e"]["min"] for h in summary["layers"][0]["heads"])
     assert f"{e_min:.4f}" in rows[0]
+
+
+def test_sweep_and_eig_take_a_thread_count(model_dir, tmp_path, capsys):
+    before = torch.get_num_threads()
+    txt = tmp_path / "t.txt"
+    txt.write_text("Some text to read. " * 5)
+    try:
+        torch.set_num_threads(2)
+        assert cli.main(["eig", "--model", model_dir, "--device", "cpu", "--text", str(txt), "--length", "32",
+                         "--samples", "1", "--out", str(tmp_path / "e"), "--no-progress", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+    assert _sweep(model_dir, tmp_path / "o", "--threads", "0") == 2
+    assert "--threads must be >= 1, got 0" in _one_line_error(capsys, "sweep")
