@@ -22,14 +22,14 @@ from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.eval import sweep
 from qedprobe.eval.eig import run_eig, task_batches, text_batches
 from qedprobe.eval.report import build_report
-from qedprobe.eval.spec import (SweepSpec, check_model, check_strengths_for, check_tokenizer_fits, parse_float_list,
-                                parse_int_list, sweep_config)
+from qedprobe.eval.spec import (SweepSpec, check_eval_seed, check_model, check_strengths_for, check_tokenizer_fits,
+                                parse_float_list, parse_int_list, sweep_config)
 from qedprobe.eval.store import SweepError, open_store
 from qedprobe.hf.folder import folder_config, is_transformers_folder, load_folder
 from qedprobe.hf.inject import injected_config
 from qedprobe.kernels.qed import ARMS
 from qedprobe.model import QEDConfig, QEDModel
-from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_recurrence, state_dict_sha256
 from qedprobe.tasks import DEFAULT_FORMAT, FORMATS, ForeignKeyTask, make_task
 from qedprobe.tokenizer import TokenizerError, load_tokenizer
 
@@ -165,7 +165,7 @@ def parse_length(text):
     return v
 
 
-_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "lam": "--qed-lambda", "max_new_tokens": "--max-new-tokens",
+_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "lam": "--qed-lambda", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
                "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
                "chat_template": "--chat-template"}
 FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
@@ -242,7 +242,7 @@ def _model_config(path, args):
     if args.qed_lambda is not None and not _is_transformers(args):
         raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
     try:
-        cfg = folder_config(p) if _is_transformers(args) else QEDConfig.load(p / "config.json")
+        cfg = folder_config(p) if _is_transformers(args) else _qed_config(p)
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise SweepError(f"--model {path!r}: {exc}") from None
     if args.qed_lambda is None:
@@ -251,6 +251,16 @@ def _model_config(path, args):
         return injected_config(cfg, args.qed_lambda, args.qed_arm, allow_extrapolation=args.allow_extrapolation)
     except ValueError as exc:  # inject_qed's words -> the flags' (FLAGS: `lam` is --qed-lambda)
         raise SweepError(str(exc).removeprefix("inject_qed: ")) from None
+
+
+def _qed_config(folder: Path) -> QEDConfig:
+    """A QEDModel folder's config, checked against the recurrence its weights record (a header
+    read, no tensor): a config that does not describe the weights is reported before any check
+    of the flags against it."""
+    cfg = QEDConfig.load(folder / CONFIG_NAME)
+    if (folder / WEIGHTS_NAME).is_file():
+        check_recurrence(cfg, folder / WEIGHTS_NAME)
+    return cfg
 
 
 def _check_out(path) -> None:
@@ -336,7 +346,10 @@ def _sweep_task(args):
             return ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
         return make_task(args.task, tokenizer_spec(args), format=args.format, chat_template=args.chat_template,
                          **task_kw)
-    except (TokenizerError, OSError, ValueError) as exc:
+    except OSError as exc:  # the haystack file is the one file read here
+        where = "" if args.haystack_file is None else f"--haystack-file {args.haystack_file!r}: "
+        raise SweepError(f"{where}{exc.strerror or exc}") from None
+    except (TokenizerError, ValueError) as exc:
         raise SweepError(str(exc)) from None
 
 
@@ -369,6 +382,7 @@ def run_eig_cmd(args) -> int:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
             raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
+        check_eval_seed(args.seed)
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
         try:
@@ -391,13 +405,7 @@ def run_eig_cmd(args) -> int:
         cfg = _model_config(args.model, args)
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise SweepError(f"--out {args.out!r} exists and is not a folder")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SweepError(f"--out {args.out!r}: {exc}") from None
+        _check_out(args.out)  # created only once there is something to write
         model = _load_model(args.model, dev, dtype, args)
         total = len(range(0, args.samples, args.batch_size)[shard[0]::shard[1]])
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
@@ -409,7 +417,7 @@ def run_eig_cmd(args) -> int:
                          "qed_arm": None if args.qed_lambda is None else args.qed_arm})
         if not dist.is_main():
             return 0
-        paths = acc.save(out)
+        paths = acc.save(Path(args.out))
     except SweepError as exc:
         return _fail("eig", exc)
     except ValueError as exc:  # e.g. strength out of range
