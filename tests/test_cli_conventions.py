@@ -242,3 +242,20 @@ def test_train_small_preset_on_a_cpu_machine_says_the_preset_chose_cuda(tmp_path
     assert cli.main(["train", "--out", str(tmp_path / "r")]) == 2
     err = _one_line_error(capsys, "train")
     assert "--preset small trains on CUDA" in err and "--device cpu" in err and "is 'cuda'" not in err
+
+
+def test_report_out_that_cannot_be_written_names_the_flag(tmp_path, capsys, monkeypatch):
+    a, b = _fake_sweep(tmp_path / "a", 0), _fake_sweep(tmp_path / "b", 0)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert cli.main(["report", a, b, "--out", str(afile)]) == 2
+    assert f"--out {str(afile)!r} exists and is not a folder" in _one_line_error(capsys, "report")
+    import os
+
+    def refused(path, *args, **kwargs):  # a folder the file system refuses (as /sys/x, even for root)
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    assert cli.main(["report", a, b, "--out", str(tmp_path / "r")]) == 2
+    err = _one_line_error(capsys, "report")
+    assert f"--out {str(tmp_path / 'r')!r}: Operation not permitted" in err and "Errno" not in err

@@ -369,10 +369,15 @@ def run_report_cmd(args) -> int:
     try:
         labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
         base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
+        if args.out is not None:
+            _check_out(args.out)
         md = build_report(args.sweeps, labels=labels, s=args.s, baseline=base, out=args.out,
                           title=args.title, warn=lambda m: print(f"qedprobe report: warning: {m}", file=sys.stderr))
-    except (SweepError, OSError, json.JSONDecodeError, IndexError) as exc:
+    except (SweepError, json.JSONDecodeError, IndexError) as exc:
         return _fail("report", exc)
+    except OSError as exc:  # reading a sweep folder or writing into --out
+        writing = args.out is not None and str(exc.filename or "").startswith(str(args.out))
+        return _fail("report", f"{'--out ' if writing else ''}{exc.filename!r}: {exc.strerror or exc}")
     print(md)
     return 0
 
