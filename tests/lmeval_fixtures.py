@@ -43,7 +43,7 @@ TASKS = [*LOCAL_CLASSES, "niah_local"]
 
 def niah_docs(n: int = 3) -> list[dict]:
     """RULER-shaped rows of qedprobe's legacy S-NIAH-1 at :data:`NIAH_LENGTH` tokens."""
-    from qedprobe.eval import make_task
+    from qedprobe.tasks import make_task
     task = make_task("s-niah-1", "bytes", format="legacy")
     samples = [task.sample(NIAH_LENGTH, i, samples=n, seed=0) for i in range(n)]
     return [{"index": i, "input": s.prompt, "outputs": list(s.answers), "max_length": NIAH_LENGTH,
