@@ -13,9 +13,9 @@ from qedprobe.cliutil import HelpFormatter, join_negative_values
 from qedprobe.model import convert
 from qedprobe.train import bpe, commands as train_commands
 
-from . import evaluation
+from . import evaluation, lmeval
 
-COMMAND_MODULES = (demo, convert, evaluation, train_commands, bpe)
+COMMAND_MODULES = (demo, convert, evaluation, lmeval, train_commands, bpe)
 """The modules whose ``register(subparsers)`` adds their sub-commands, in ``--help`` order."""
 
 

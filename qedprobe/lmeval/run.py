@@ -47,7 +47,7 @@ from qedprobe.eval.store import SweepError, open_store, strength_key
 from qedprobe.eval.summary import summarize_folder
 from qedprobe.lam import check_strengths
 
-__all__ = ["LMEVAL_FORMAT", "FEWSHOT_SEED", "load_tasks", "select_docs", "lmeval_config", "Chunk", "plan_chunks",
+__all__ = ["LMEVAL_FORMAT", "FEWSHOT_SEED", "load_tasks", "task_manager", "check_grid", "select_docs", "lmeval_config", "Chunk", "plan_chunks",
            "run_chunk", "sample_rows", "run_lmeval"]
 
 LMEVAL_FORMAT = "lm-eval"
@@ -63,7 +63,7 @@ def load_tasks(names, *, include_path=None, metadata: dict | None = None, num_fe
     the tasks as ``simple_evaluate`` passes it (RULER reads ``max_seq_lengths`` and
     ``tokenizer`` there). Few-shot counts as in ``simple_evaluate``: ``num_fewshot`` where the
     task does not fix 0, else the task's own, else 0."""
-    manager = TaskManager(include_path=include_path, metadata=metadata)
+    manager = task_manager(names, include_path, metadata)
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise SweepError(f"--tasks: unknown task(s) {', '.join(unknown)} (lm-eval's `lm_eval ls tasks` lists them; "
@@ -77,6 +77,16 @@ def load_tasks(names, *, include_path=None, metadata: dict | None = None, num_fe
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=FEWSHOT_SEED)
     return tasks
+
+
+def task_manager(names, include_path, metadata) -> TaskManager:
+    """lm-eval's ``TaskManager`` for ``names``: of ``include_path`` alone when it defines them all
+    (indexing lm-eval's few thousand built-in yamls takes seconds), else of both."""
+    if include_path is not None:
+        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
+        if all(n in local.all_tasks for n in names):
+            return local
+    return TaskManager(include_path=include_path, metadata=metadata)
 
 
 def select_docs(task, limit: int | None) -> list[int]:
@@ -183,7 +193,7 @@ def sample_rows(task: str, s: float, samples: list[dict], metric: str | None = N
         rows.append({"task": name, "format": LMEVAL_FORMAT, "length": length, "s": float(s),
                      "sample_id": int(x["doc_id"]), "correct": score >= 1, "score": score,
                      "metrics": {m: x[m] for m in x["metrics"]}, "response": _jsonable(resp),
-                     "target": _jsonable(x["target"]), "doc_hash": x["doc_hash"], "prompt_hash": x["prompt_hash"]})
+                     "target": _jsonable(x["target"]), "doc_hash": x["doc_hash"], "prompt_sha": x["prompt_hash"]})
     return rows
 
 
@@ -204,11 +214,13 @@ def run_chunk(lm, tasks: dict, chunk: Chunk, metric: str | None = None) -> list[
     return sample_rows(chunk.task, chunk.s, out["samples"][chunk.task], metric)
 
 
-def _check_run(lm, strengths, ref_strength, limit) -> None:
+def check_grid(strengths, ref_strength, limit, *, arm=None, allow_extrapolation=False) -> None:
+    """The run's strengths (distinct, in range, allowed by the model's ``arm`` when given), the
+    reference among them, and ``limit``; a ``SweepError`` naming the flag."""
     if not strengths or len({strength_key(s) for s in strengths}) != len(strengths):
         raise SweepError(f"--strengths must be distinct numbers, got {list(strengths)}")
     try:
-        check_strengths(strengths, arm=lm.model.cfg.arm, allow_extrapolation=lm.args.allow_extrapolation)
+        check_strengths(strengths, arm=arm, allow_extrapolation=allow_extrapolation)
     except ValueError as exc:
         raise SweepError(f"--strengths: {exc}") from None
     if strength_key(ref_strength) not in {strength_key(s) for s in strengths}:
@@ -222,7 +234,7 @@ def run_lmeval(lm, tasks: dict, *, strengths, out, ref_strength: float = 1.0, li
     """Evaluate ``tasks`` (:func:`load_tasks`) with ``lm`` (a :class:`~qedprobe.lmeval.QEDProbeLM`)
     at every strength into the folder ``out`` (module docstring), resuming what is there; returns
     the summary rows (every shard's, on every rank)."""
-    _check_run(lm, strengths, ref_strength, limit)
+    check_grid(strengths, ref_strength, limit, arm=lm.model.cfg.arm, allow_extrapolation=lm.args.allow_extrapolation)
     docs = {name: select_docs(t, limit) for name, t in tasks.items()}
     config = lmeval_config(lm, tasks, docs, limit=limit, strengths=strengths, ref_strength=ref_strength)
     store = open_store(out, config)
