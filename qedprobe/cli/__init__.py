@@ -8,14 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qedprobe import demo
 from qedprobe.cliutil import HelpFormatter, join_negative_values
-from qedprobe.model import convert
-from qedprobe.train import bpe, commands as train_commands
 
-from . import evaluation, lmeval
+from . import convert, demo, evaluation, lmeval, tokenizer, train
 
-COMMAND_MODULES = (demo, convert, evaluation, lmeval, train_commands, bpe)
+COMMAND_MODULES = (demo, convert, evaluation, lmeval, train, tokenizer)
 """The modules whose ``register(subparsers)`` adds their sub-commands, in ``--help`` order."""
 
 
