@@ -353,14 +353,18 @@ def _sweep_task(args):
         raise SweepError(str(exc)) from None
 
 
-def summary_table(summary) -> str:
+def summary_table(summary, *, by_task: bool = False) -> str:
     """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent),
-    McNemar vs the reference s."""
-    lines = ["| length | s | n | accuracy | 95% CI | RULER score % | b | c | McNemar p |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    McNemar vs the reference s. ``by_task``: a first column naming each row's task and the mean
+    score as ``score %`` (an lm-eval folder, whose tasks have their own scores; a task without
+    lengths shows ``-``)."""
+    head = "| length | s | n | accuracy | 95% CI | " + ("score %" if by_task else "RULER score %") + " | b | c | McNemar p |"
+    lines = [("| task " if by_task else "") + head, "|---" * (10 if by_task else 9) + "|"]
     for r in summary:
         p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
-        lines.append(f"| {r['length']} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
+        task = f"| {r['task']} " if by_task else ""
+        length = "-" if r["length"] is None else r["length"]
+        lines.append(f"{task}| {length} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
                      f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['score_pct']:.2f} | {r['b']} | {r['c']} | {p} |")
     return "\n".join(lines)
 
