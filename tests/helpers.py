@@ -195,8 +195,7 @@ def hf_torch_reference(model):
     """Context: transformers' own PyTorch recurrence for ``model``'s (unadapted) layers, not the
     fla kernels transformers picks when fla is installed."""
     from qedprobe.hf import transformers_torch_path
-    from qedprobe.hf.families import modeling_module_name
-    return transformers_torch_path(modeling_module_name(model.config.model_type))
+    return transformers_torch_path(model.config.model_type)
 
 
 @contextlib.contextmanager

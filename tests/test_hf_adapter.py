@@ -8,6 +8,8 @@ fla's kernels. The adapted model runs qedprobe's op instead (on CPU: the PyTorch
 prompts, the token loop for decode steps); the two are different algorithms, so they agree to
 float32 rounding, not bit for bit.
 """
+import os
+
 import pytest
 import torch
 
@@ -20,11 +22,14 @@ from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
 from qedprobe.model import hook_name, strength
 from qedprobe.model.hooked import MIXER_HOOKS
+from qedprobe.model.recurrence import per_channel_gates
 
 from helpers import HF_FAMILIES, hf_ids, hf_torch_reference, tiny_hf
 
 F32 = dict(rtol=1e-5, atol=5e-5)  # float32 rounding of two chunk algorithms over 24 tokens
 NEW = 16
+OP_PATH = [(lambda name: name.endswith("hook_o"), lambda o, hook: None)]
+"""An observing hook on every layer's output: each layer runs qedprobe's op, not its own function."""
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -91,15 +96,15 @@ def test_probe_shapes_and_erase_eigenvalue(family):
     _, cache, deltanet, x = _linear_input(model, 2, ids)
     names = ("q", "k", "v", "b", "w", "g", "lambda", "d", "rho", "Sd", "e", "o")
     p = {n: cache[f"blocks.2.linear_attn.hook_{n}"] for n in names}
-    shapes = {"q": (B, T, Hv, K), "k": (B, T, Hv, K), "v": (B, T, Hv, V), "b": (B, T, Hv, K),
-              "w": (B, T, Hv, V), "g": (B, T, Hv, K), "lambda": (Hv,), "d": (B, T, Hv, K),
+    shapes = {"q": (B, T, Hv, K), "k": (B, T, Hv, K), "v": (B, T, Hv, V), "b": (B, T, Hv),
+              "w": (B, T, Hv), "g": (B, T, Hv), "lambda": (Hv,), "d": (B, T, Hv, K),
               "rho": (B, T, Hv), "Sd": (B, T, Hv, V), "e": (B, T, Hv), "o": (B, T, Hv, V)}
     assert {n: tuple(t.shape) for n, t in p.items()} == shapes
     assert torch.equal(p["q"][:, :, 0], p["q"][:, :, 1]) and torch.equal(p["k"][:, :, 2], p["k"][:, :, 3])
     assert not torch.equal(p["k"][:, :, 1], p["k"][:, :, 2])  # value heads 0,1 read key head 0; 2,3 key head 1
     beta = _beta(family, deltanet, x)
-    torch.testing.assert_close(p["b"], beta.unsqueeze(-1).expand(B, T, Hv, K), rtol=0, atol=0)
-    torch.testing.assert_close(p["w"], beta.unsqueeze(-1).expand(B, T, Hv, V), rtol=0, atol=0)
+    torch.testing.assert_close(p["b"], beta, rtol=0, atol=0)
+    torch.testing.assert_close(p["w"], beta, rtol=0, atol=0)
     kk = (p["k"].double() ** 2).sum(-1)
     e, beta = p["e"].double(), beta.double()
     torch.testing.assert_close(e, 1 - beta * kk / (kk + 1e-6), rtol=0, atol=1e-6)  # ||k_hat||^2 = kk / (kk + eps)
@@ -131,7 +136,7 @@ def test_cache_shorthand_and_hook_names_on_a_hybrid_model():
 
 @torch.no_grad()
 def test_grouped_heads_reach_the_op_natively_unless_q_k_or_d_are_hooked(monkeypatch):
-    import qedprobe.hf.recurrence as recurrence
+    import qedprobe.model.recurrence as recurrence
     heads = []
 
     def spy(q, *args, **kwargs):
@@ -141,11 +146,11 @@ def test_grouped_heads_reach_the_op_natively_unless_q_k_or_d_are_hooked(monkeypa
     monkeypatch.setattr(recurrence, "qed_attention", spy)
     model = adapt(tiny_hf("qwen3_5"))
     ids = hf_ids(t=8)
-    plain = model(ids)
+    plain = model.run_with_hooks(ids, fwd_hooks=OP_PATH)
     assert heads == [2, 2, 2]  # 2 q/k heads for 4 value heads
     for name in ("hook_q", "hook_k", "hook_d"):
         heads.clear()
-        hooked = model.run_with_hooks(ids, fwd_hooks=[(f"blocks.0.linear_attn.{name}", lambda x, hook: None)])
+        hooked = model.run_with_hooks(ids, fwd_hooks=[*OP_PATH, (f"blocks.0.linear_attn.{name}", lambda x, hook: None)])
         assert heads == [4, 2, 2]
         torch.testing.assert_close(hooked, plain, rtol=0, atol=1e-5)
 
@@ -172,7 +177,8 @@ def test_zeroing_b_changes_the_output():
 def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
     model = adapt(tiny_hf("qwen3_next"))
     ids = hf_ids()
-    base = model(ids)
+    native = model(ids)
+    base = model.run_with_hooks(ids, fwd_hooks=OP_PATH)
     inject_qed(model, 0.2, arm="full")
     assert model.cfg.arm == "full" and model.cfg.lam == ((0.2,) * 4,) * 3
     logits, cache = model.run_with_cache(ids)
@@ -186,11 +192,11 @@ def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
     # e = 1 - a.k_hat, a = beta k_hat + lam d; the projected direction leaves only the epsilon's part
     c = {n: cache[f"blocks.0.linear_attn.hook_{n}"].double() for n in ("k", "b", "d", "e")}
     k_hat = c["k"] / torch.sqrt((c["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
-    gdn2_e = 1 - (c["b"] * k_hat ** 2).sum(-1)
+    gdn2_e = 1 - c["b"] * (k_hat ** 2).sum(-1)
     torch.testing.assert_close(c["e"], gdn2_e - 0.2 * (c["d"] * k_hat).sum(-1), rtol=0, atol=1e-6)
     assert float((c["e"] - gdn2_e).abs().max()) < 1e-4 < float((c["d"] ** 2).sum(-1).sqrt().max())
     inject_qed(model, 0.0, arm="full")
-    torch.testing.assert_close(model(ids), base, rtol=0, atol=1e-6)
+    assert torch.equal(model(ids), native)
 
 
 def test_injection_selects_layers_and_heads_and_feeds_the_op():
@@ -202,7 +208,8 @@ def test_injection_selects_layers_and_heads_and_feeds_the_op():
     assert cache["blocks.3.linear_attn.hook_lambda"].tolist() == pytest.approx([0, 0.1, 0, 0.25])
     assert not cache["blocks.0.linear_attn.hook_lambda"].any()
     x = {n: cache[f"blocks.3.linear_attn.hook_{n}"].double() for n in ("q", "k", "v", "g", "b", "w", "lambda")}
-    o, _, probes = qed_naive(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lambda"], arm="rand",
+    g, b, w = per_channel_gates(x["g"], x["b"], x["w"], 16, model.cfg.head_v_dim)
+    o, _, probes = qed_naive(x["q"], x["k"], x["v"], g, b, w, x["lambda"], arm="rand",
                              z=random_directions(4, 16, 5 + 3).double(), return_probes=True)
     torch.testing.assert_close(cache["blocks.3.linear_attn.hook_o"].double(), o, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cache["blocks.3.linear_attn.hook_Sd"].double(), probes["Sd"], rtol=1e-5, atol=1e-5)
@@ -234,7 +241,7 @@ def test_strength_phases_in_generate_and_recorders_in_every_step():
     _, cache = model.run_with_cache(hf_ids())  # unprojected arm: e = 1 - beta ||k_hat||^2 - lam rho
     k, b = cache["blocks.0.linear_attn.hook_k"].double(), cache["blocks.0.linear_attn.hook_b"].double()
     k_hat = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + 1e-6)
-    expect = 1 - (b * k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()
+    expect = 1 - b * (k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()
     torch.testing.assert_close(cache["blocks.0.linear_attn.hook_e"].double(), expect, rtol=0, atol=1e-6)
 
 
@@ -276,21 +283,50 @@ def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
     adapt(hf)  # detached: may be adapted again
 
 
-def test_repository_root_on_the_path_is_refused_by_name_where_it_would_shadow_kernels(monkeypatch):
-    """With the repository root first on sys.path, a bare ``import kernels`` finds qedprobe's own
-    folder; where the ``kernels`` package is installed (transformers 5.25 requires it) loading a
-    model is refused naming the fix, else nothing is refused."""
-    import importlib.metadata
+ROOT_SCRIPT = """
+import importlib.metadata, os, sys
+try:
+    importlib.metadata.version("kernels")
+    installed = True
+except importlib.metadata.PackageNotFoundError:
+    installed = False
+try:
+    import kernels
+    print("kernels", os.path.dirname(os.path.abspath(kernels.__file__)) != os.path.abspath("kernels"), installed)
+except ModuleNotFoundError as err:
+    print("missing", str(err) == "No module named 'kernels'", not installed)
+try:
+    import hooks
+    print("hooks", os.path.dirname(os.path.abspath(hooks.__file__)) != os.path.abspath("hooks"))
+except ModuleNotFoundError as err:
+    print("missing", str(err) == "No module named 'hooks'")
+import torch
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+from qedprobe.hf import adapt
+from qedprobe.hooks import ProbeRecorder
+from qedprobe.kernels.qed import qed_naive
+cfg = Qwen3_5TextConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                        layer_types=["linear_attention", "full_attention"])
+model = adapt(AutoModelForCausalLM.from_config(cfg).eval())
+print("logits", tuple(model.run_with_cache(torch.tensor([[1, 2, 3]]))[1]["e", 0].shape))
+"""
+
+
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+def test_bare_kernels_import_reaches_the_installed_package_from_any_directory(where, tmp_path):
+    """From the repository root (on sys.path, as with ``python -c``), ``import kernels`` is the
+    installed package transformers imports (or fails as without qedprobe), ``import hooks``
+    likewise; qedprobe and the transformers path work there and from any other directory."""
+    import subprocess
     import sys
     from pathlib import Path
-
-    from qedprobe.hf.families import refuse_shadowed_kernels
-    monkeypatch.delitem(sys.modules, "kernels", raising=False)
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
-    try:
-        importlib.metadata.version("kernels")
-    except importlib.metadata.PackageNotFoundError:
-        refuse_shadowed_kernels()
-        return
-    with pytest.raises(ImportError, match="start Python in another directory"):
-        refuse_shadowed_kernels()
+    cwd = Path(__file__).resolve().parents[1] if where == "root" else tmp_path
+    out = subprocess.run([sys.executable, "-c", ROOT_SCRIPT], cwd=cwd, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert lines[0] in (["kernels", "True", "True"], ["missing", "True", "True"])
+    assert lines[1] in (["hooks", "True"], ["missing", "True"])
+    assert lines[2] == ["logits", "(1,", "3,", "2)"]

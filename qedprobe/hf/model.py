@@ -30,7 +30,7 @@ from qedprobe.model.hooked import HookedModel
 
 from . import route
 from .cache import HFActivationCache
-from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeling_module_name, refuse_shadowed_kernels
+from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeling_module_name, routed_functions
 from .recurrence import LinearAttnRecurrence
 
 _ADAPTED = "_qedprobe_adapted"
@@ -78,7 +78,7 @@ class HFQEDModel(HookedModel):
             str(l): nn.ModuleDict({"linear_attn": LinearAttnRecurrence(self.cfg, l, self.strength_factors)})
             for l in self.cfg.linear_layers})
         self.blocks.to(next(hf_model.parameters()).device)
-        route.install(modeling_module_name(self.cfg.model_type))
+        route.install(modeling_module_name(self.cfg.model_type), routed_functions(self.cfg.model_type))
         self._handles = [h for l, mod in layers.items() for h in route.attach(mod, self.recurrence(l))]
         setattr(hf_model, _ADAPTED, True)
         self.setup()
@@ -199,7 +199,6 @@ def adapt(model, *, op_mode: str = "auto", dtype: torch.dtype | None = None, dev
 def load_transformers(path, *, dtype: torch.dtype | None = None, device=None) -> nn.Module:
     """``AutoModelForCausalLM`` from the local folder ``path`` (in eval mode), refused with the
     list of supported types before any weight is read when its type is not supported."""
-    refuse_shadowed_kernels()
     from transformers import AutoConfig, AutoModelForCausalLM
     path = os.fspath(path)
     if not os.path.isfile(os.path.join(path, "config.json")):
