@@ -111,7 +111,7 @@ class HFQEDConfig(TLAliases):
     """Sizes of the recurrence of a transformers model, and the QED term injected into it.
 
     ``hidden_size`` is the residual width; ``num_hidden_layers`` counts every decoder layer;
-    ``linear_layers`` are those with a Gated DeltaNet (the others are softmax attention). Per
+    ``linear_layers`` are those with a linear-attention layer (the others are softmax attention). Per
     linear-attention layer: ``num_heads`` value heads (the heads of every probe),
     ``num_key_heads`` q/k heads (value head ``j`` reads q/k head
     ``j // (num_heads // num_key_heads)``), ``head_dim`` K, ``head_v_dim`` V.
