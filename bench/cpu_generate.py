@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from qedprobe.eval.tasks import NIAHTask
+from qedprobe.tasks import NIAHTask
 from qedprobe.model import QEDModel
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "interference-full-s0"

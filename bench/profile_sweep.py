@@ -29,8 +29,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from qedprobe.eval.sweep import memory_batch_tokens
-from qedprobe.eval.tasks import NIAHTask
+from qedprobe.eval.plan import memory_batch_tokens
+from qedprobe.tasks import NIAHTask
 from qedprobe.model import QEDConfig, QEDModel, fast_path, strength
 from qedprobe.model.decode_step import decode_step
 from qedprobe.model.fast import COMPILE_OPTIONS

@@ -51,7 +51,9 @@ from pathlib import Path
 import torch
 
 from qedprobe import dist
-from qedprobe.eval.sweep import load_results, memory_batch_tokens, parse_float_list, parse_int_list, run_sweep
+from qedprobe.eval import SweepSpec, load_results, run_sweep
+from qedprobe.eval.plan import memory_batch_tokens
+from qedprobe.eval.spec import parse_float_list, parse_int_list
 from qedprobe.model import QEDConfig, QEDModel
 from qedprobe.model import generate as generation
 from qedprobe.tokenizer import ByteTokenizer
@@ -282,14 +284,14 @@ def main(argv=None) -> int:
     rows_before = len(load_results(out)) if Path(out, "results.jsonl").exists() else 0
     untimed = max(0, rows_before - (before["rows"] if before else 0))
     limit = None if args.budget is None else args.budget - (time.perf_counter() - t_call) - SUMMARY_MARGIN_S
-    result = run_sweep(model, "bytes", task=args.task, task_format="legacy",
-                       lengths=lengths, strengths=strengths,
-                       samples=args.samples, seed=0, out=out, batch_size=args.batch_size,
-                       batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
-                       model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
-                       progress=not args.no_progress, decode=args.decode,
-                       cuda_graph=not (args.eager or args.eager_decode), fast_path=False if args.eager else None,
-                       time_limit=None if limit is None else max(limit, 0.0))
+    spec = SweepSpec(task=args.task, task_format="legacy", lengths=lengths, strengths=strengths,
+                     samples=args.samples, seed=0, batch_size=args.batch_size,
+                     batch_tokens=args.batch_tokens, max_new_tokens=args.max_new_tokens,
+                     model_id=f"random-init {'tiny' if args.tiny else '340M'} {args.arm}",
+                     progress=not args.no_progress, decode=args.decode,
+                     cuda_graph=not (args.eager or args.eager_decode), fast_path=False if args.eager else None,
+                     time_limit=None if limit is None else max(limit, 0.0))
+    result = run_sweep(model, spec, out=out)
     meter.read_events()
     t = dict(result.timing)
     for k in ("prompt_tokens", "new_tokens"):

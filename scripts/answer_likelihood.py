@@ -25,8 +25,8 @@ from pathlib import Path
 
 from qedprobe.eval.likelihood import answer_logprob
 from qedprobe.eval.stats import mcnemar_exact
-from qedprobe.eval.sweep import parse_float_list, parse_int_list
-from qedprobe.eval.tasks import make_task
+from qedprobe.eval.spec import parse_float_list, parse_int_list
+from qedprobe.tasks import make_task
 from qedprobe.lam import check_strengths
 from qedprobe.model import QEDModel, strength
 from qedprobe.tokenizer import load_tokenizer

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qedprobe.eval.sweep import load_results
+from qedprobe.eval.store import load_results
 from qedprobe.train import read_log
 
 EXACT_EIG = ("hist_", "count_", "n_", "min_", "max_", "edges_", "layers")

@@ -6,7 +6,7 @@
 #   arms (full, noproj) the first of these is the Table-4 strength sweep, s in -1..2;
 # * MK-NIAH with 8 and 16 needles (2-4x more interference than the 4-needle cell), prose;
 # * the foreign-key control of MK-NIAH 4 needles (the asked key is in no needle: a key-matching
-#   model falls to <= 25 %; qedprobe.eval.control);
+#   model falls to <= 25 %; qedprobe.tasks.control);
 # * S-NIAH-1/2/3 at 2K-32K;
 # * eig (e_t, rho, ||S^T d||) of every QED arm on MK-NIAH 4 needles at 2K (noproj against the
 #   theoretical bound [-0.25, 1.25]).

@@ -6,7 +6,7 @@
 Each MODEL is a model folder (``config.json`` + ``model.safetensors``) or a training run folder,
 whose ``step-NNNNNN`` checkpoints are all evaluated (a learning curve). For every (model, needles,
 haystack, length) cell it runs :func:`qedprobe.eval.sweep.run_sweep` at ``s = 1`` twice: on
-``mk-niah`` and on its foreign-key control (:class:`qedprobe.eval.control.ForeignKeyTask`,
+``mk-niah`` and on its foreign-key control (:class:`qedprobe.tasks.control.ForeignKeyTask`,
 same prompts asking a key no needle has), and prints one row: on the real prompts and on the
 control, the exact accuracy and the share of answers that start writing the asked needle's value
 (the needle sharing the longest prefix with the answer; robust to a model that copies digits
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from qedprobe.eval.control import ForeignKeyTask
-from qedprobe.eval.sweep import load_results, parse_int_list, run_sweep
-from qedprobe.eval.tasks import NIAHTask
+from qedprobe.tasks.control import ForeignKeyTask
+from qedprobe.eval import SweepSpec, load_results, run_sweep
+from qedprobe.eval.spec import parse_int_list
+from qedprobe.tasks import NIAHTask
 from qedprobe.model import QEDModel
 
 STEP_DIR = re.compile(r"step-(\d+)$")
@@ -63,9 +64,9 @@ def cell(model, folder: Path, tok, args, needles: int, haystack: str, control: b
     task = kind("mk-niah", tok, num_needles=needles, haystack=haystack)
     name = f"mk-niah-n{needles}-{haystack}" + ("-control" if control else "")
     out = Path(args.out) / f"{folder.parent.name}-{folder.name}" / name
-    result = run_sweep(model, task.tokenizer, task=task, lengths=args.lengths, strengths=[1.0],
-                       samples=args.samples, seed=args.seed, out=out, batch_size=args.batch_size,
-                       model_id=str(folder.resolve()), progress=False, decode="answer")
+    spec = SweepSpec(task=task, lengths=args.lengths, strengths=[1.0], samples=args.samples, seed=args.seed,
+                     batch_size=args.batch_size, model_id=str(folder.resolve()), progress=False, decode="answer")
+    result = run_sweep(model, spec, out=out)
     picked = {}
     for r in load_results(out):
         sample = task.sample(r["length"], r["sample_id"], samples=args.samples, seed=args.seed)

@@ -15,7 +15,7 @@ from helpers import tiny_model
 
 from qedprobe import dist
 from qedprobe.eval.eig import run_eig, task_batches
-from qedprobe.eval.sweep import SweepError, open_store
+from qedprobe.eval.store import SweepError, open_store
 from qedprobe.train import TrainConfig, train
 
 EIG = {"task": "s-niah-1", "length": 400, "samples": 3, "batch_size": 1, "format": "legacy"}

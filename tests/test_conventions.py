@@ -191,3 +191,90 @@ def test_helpers_without_meaning_here_say_so(model, helper):
     _, cache = model.run_with_cache(ids(1, 5))
     with pytest.raises(ValueError, match=f"ActivationCache.{helper}: "):
         getattr(cache, helper)()
+
+
+# --- TransformerLens' layer, mask and text conventions ------------------------------------------
+
+def test_w_e_is_the_embedding_hook_embed_reads(model):
+    x = ids(1, 6)
+    _, cache = model.run_with_cache(x)
+    assert model.W_E.shape == (97, model.cfg.hidden_size)
+    torch.testing.assert_close(cache["hook_embed"], model.W_E[x])
+
+
+def test_stop_and_start_at_layer_split_the_forward(model):
+    x = ids(2, 9)
+    logits, cache = model.run_with_cache(x)
+    resid = model(x, stop_at_layer=1)
+    torch.testing.assert_close(resid, cache["blocks.1.hook_resid_pre"])
+    torch.testing.assert_close(model(x, stop_at_layer=-1), resid)  # negative: from the end
+    torch.testing.assert_close(model(x, stop_at_layer=2), cache["blocks.1.hook_resid_post"])
+    torch.testing.assert_close(model(resid, start_at_layer=1), logits)
+    torch.testing.assert_close(model(resid, return_type="loss", start_at_layer=1, tokens=x),
+                               model(x, return_type="loss"))
+    with pytest.raises(ValueError, match="`stop_at_layer`"):
+        model(x, stop_at_layer=3)
+    with pytest.raises(ValueError, match="stop_at_layer=1 returns the residual"):
+        model(x, return_type="loss", stop_at_layer=1)
+    with pytest.raises(ValueError, match="`tokens`"):
+        model(resid, return_type="loss", start_at_layer=1)
+    with pytest.raises(ValueError, match="`start_at_layer`, `input` is the residual"):
+        model(x, start_at_layer=1)
+
+
+def test_right_padded_attention_mask_gives_the_unpadded_logits_and_loss(model):
+    short, long = ids(1, 5, seed=3), ids(1, 8, seed=4)
+    batch = torch.cat([torch.cat([short, torch.zeros(1, 3, dtype=torch.long)], 1), long])
+    mask = torch.tensor([[1] * 5 + [0] * 3, [1] * 8])
+    logits, loss = model(batch, return_type="both", attention_mask=mask)
+    torch.testing.assert_close(logits[:1, :5], model(short))
+    per_short, per_long = (model(r, return_type="loss", loss_per_token=True)[0] for r in (short, long))
+    torch.testing.assert_close(loss, torch.cat([per_short, per_long]).mean())
+    per = model(batch, return_type="loss", loss_per_token=True, attention_mask=mask)
+    torch.testing.assert_close(per[0], torch.cat([per_short, torch.zeros(3)]))
+    with pytest.raises(ValueError, match="`attention_mask` must pad on the right"):
+        model(batch, attention_mask=mask.flip(1))
+    with pytest.raises(ValueError, match="`attention_mask` must be 0/1"):
+        model(batch, attention_mask=mask[:, :4])
+
+
+def test_generate_verbose_draws_a_bar_and_the_kv_cache_flag_is_refused(model, capsys):
+    x = torch.tensor([PROMPTS[0]])
+    assert torch.equal(model.generate(x, 5, verbose=True), model.generate(x, 5))
+    assert "generate" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="`use_past_kv_cache` must be True"):
+        model.generate(x, 5, use_past_kv_cache=False)
+
+
+def test_a_shipped_checkpoint_brings_its_tokenizer():
+    from qedprobe.model import QEDModel
+    from qedprobe.tokenizer import HFTokenizer
+
+    folder = "checkpoints/interference-full-s0"
+    model, tok = QEDModel.from_pretrained(folder), HFTokenizer(folder)
+    text = "The special magic number for apple is 7341."
+    ids_ = model.to_tokens(text)
+    assert ids_.tolist() == [[tok.bos_id] + tok.encode(text)] and tok.bos_id == 0
+    assert model.to_tokens(text, prepend_bos=False).tolist() == [tok.encode(text)]
+    assert model.to_string(ids_[0]) == text and model.to_string(ids_) == [text]
+    assert model.to_str_tokens(text)[0] == "<bos>" and "".join(model.to_str_tokens(text)[1:]) == text
+    two = model.to_tokens([text, "apple"])
+    assert two.shape[0] == 2 and two[1, 2:].eq(tok.pad_id).all()
+    assert model.to_single_token("7") == tok.encode("7")[0]
+    out = model.generate(text, 4)
+    continuation = model.to_string(model.generate(ids_, 4)[0, ids_.shape[1]:])
+    assert isinstance(out, str) and out == text + continuation
+    with pytest.raises(ValueError, match="`padding_side` must be 'right'"):
+        model.to_tokens([text], padding_side="left")
+    with pytest.raises(ValueError, match="is 4 tokens, not one"):
+        model.to_single_token("apple pie")
+
+
+def test_without_a_tokenizer_the_text_methods_say_how_to_set_one(model):
+    with pytest.raises(ValueError, match="to_tokens: this model has no tokenizer.*model.tokenizer = 'bytes'"):
+        model.to_tokens("hi")
+    with pytest.raises(ValueError, match="no tokenizer"):
+        model.generate("hi", 2)
+    other = tiny()
+    other.tokenizer = "bytes"
+    assert other.tokenizer.name == "bytes" and model.tokenizer is None

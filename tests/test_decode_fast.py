@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from helpers import tiny, tiny_model
-from qedprobe.eval.sweep import SweepError, load_results, run_sweep
-from qedprobe.eval.tasks import NIAHTask
+from qedprobe.eval import SweepError, SweepSpec, load_results, run_sweep
+from qedprobe.tasks import NIAHTask
 from qedprobe.model import strength
 from qedprobe.model.layers import ShortConvolution
 from qedprobe.model.decode_step import graph_usable
@@ -64,17 +64,17 @@ def test_answer_tokens_follow_the_task():
 def test_sweep_decoding_the_answer_is_a_prefix_of_the_budget_run(tmp_path):
     model = tiny_model()
     kw = dict(lengths=[400], strengths=[0.0, 1.0], samples=2, progress=False, task_format="legacy")
-    run_sweep(model, out=tmp_path / "budget", **kw)
-    run_sweep(model, out=tmp_path / "answer", decode="answer", **kw)
+    run_sweep(model, SweepSpec(**kw), out=tmp_path / "budget")
+    run_sweep(model, SweepSpec(decode="answer", **kw), out=tmp_path / "answer")
     full, short = load_results(tmp_path / "budget"), load_results(tmp_path / "answer")
     assert [r["sample_id"] for r in full] == [r["sample_id"] for r in short]
     for a, b in zip(full, short):
         assert a["prediction"].startswith(b["prediction"]) and b["new_tokens"] <= 11
     assert "decode" not in json.loads((tmp_path / "budget" / "config.json").read_text())
     with pytest.raises(SweepError, match="different decode"):
-        run_sweep(model, out=tmp_path / "budget", decode="answer", **kw)
+        run_sweep(model, SweepSpec(decode="answer", **kw), out=tmp_path / "budget")
     with pytest.raises(SweepError, match="decode must be"):
-        run_sweep(model, out=tmp_path / "x", decode="some", **kw)
+        run_sweep(model, SweepSpec(decode="some", **kw), out=tmp_path / "x")
 
 
 @cuda

@@ -19,10 +19,11 @@ from _dist_worker import EIG, train_config
 from helpers import saved_tiny_model, tiny_model
 from safetensors.torch import load_file
 
-from qedprobe.eval import commands
+from qedprobe import cli as commands
 from qedprobe.eval.report import build_report
 from qedprobe.eval.eig import EigAccumulator, run_eig, task_batches
-from qedprobe.eval.sweep import load_results, plan_batches, shard_paths
+from qedprobe.eval.plan import plan_batches
+from qedprobe.eval.store import load_results, shard_paths
 from qedprobe.hooks import RunningStats
 from qedprobe.train import read_log, train
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import saved_tiny_model, tiny, tiny_model
-from qedprobe.eval import commands
+from qedprobe import cli as commands
 from qedprobe.eval.eig import BINS, EigAccumulator, run_eig, sigma_max_rank_one, task_batches, text_batches
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qedprobe.eval.likelihood import answer_logprob
-from qedprobe.eval.tasks import make_task
+from qedprobe.tasks import make_task
 from qedprobe.model import QEDConfig, QEDModel, strength
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qedprobe.eval import ruler
-from qedprobe.eval.ruler import DEPTHS, KeyWords, RulerTask, read_essay, split_sentences
-from qedprobe.eval.tasks import (
+from qedprobe.tasks import ruler
+from qedprobe.tasks.ruler import DEPTHS, KeyWords, RulerTask, read_essay, split_sentences
+from qedprobe.tasks import (
     answer_fraction,
     default_prose_path,
     make_task,
@@ -171,9 +171,9 @@ def test_too_short_length_is_a_clear_error():
 def test_sweep_records_the_format_and_rulers_score(tmp_path):
     from helpers import tiny_model
 
-    from qedprobe.eval.sweep import load_results, run_sweep
-    summary = run_sweep(tiny_model(), "bytes", task="s-niah-1", lengths=[1024], strengths=[1.0], samples=1,
-                        out=tmp_path / "sw", progress=False, decode="answer").summary
+    from qedprobe.eval import SweepSpec, load_results, run_sweep
+    spec = SweepSpec(task="s-niah-1", lengths=[1024], strengths=[1.0], samples=1, progress=False, decode="answer")
+    summary = run_sweep(tiny_model(), spec, out=tmp_path / "sw").summary
     spec = json.loads((tmp_path / "sw" / "config.json").read_text())["samples_spec"]
     assert spec["format"] == "ruler" and spec["task"] == "niah_single_1" and spec["max_new_tokens"] == 128
     rows = load_results(tmp_path / "sw")
@@ -186,8 +186,8 @@ def test_sweep_records_the_format_and_rulers_score(tmp_path):
 
 
 def test_summary_and_report_give_partial_credit_in_percent(tmp_path, capsys):
-    from qedprobe.eval import commands
-    from qedprobe.eval.sweep import summarize
+    from qedprobe import cli as commands
+    from qedprobe.eval import summarize
     rows = [{"task": "niah_multivalue", "format": "ruler", "length": 4096, "s": 1.0, "sample_id": i,
              "correct": sc == 1.0, "score": sc, "prompt_sha": f"p{i}"} for i, sc in enumerate([1.0, 0.5, 0.25, 0.0])]
     (row,) = summarize(rows)
@@ -203,7 +203,7 @@ def test_summary_and_report_give_partial_credit_in_percent(tmp_path, capsys):
 
 def test_cli_notes_a_format_other_than_the_models(tmp_path, capsys):
     from helpers import saved_tiny_model
-    from qedprobe.eval import commands
+    from qedprobe import cli as commands
     from qedprobe.model import QEDConfig
     model = saved_tiny_model(tmp_path / "m")
     cfg = QEDConfig.load(tmp_path / "m" / "config.json")

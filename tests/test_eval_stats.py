@@ -5,7 +5,7 @@ import pytest
 
 from qedprobe.eval.stats import (binom_cdf, clopper_pearson_interval, mcnemar_exact, paired_counts,
                                  wilson_interval)
-from qedprobe.eval.sweep import summarize
+from qedprobe.eval.summary import summarize
 
 
 @pytest.mark.parametrize("b,c,p", [

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 
 from helpers import saved_tiny_model, tiny_model
-from qedprobe.eval import commands
-from qedprobe.eval.sweep import ResultsStore, SweepError, load_results, run_sweep
+from qedprobe import cli as commands
+from qedprobe.eval import ResultsStore, SweepError, SweepSpec, load_results, run_sweep
 
 L = 400  # shortest usable legacy s-niah-1 length with the byte tokenizer is 376
 LEGACY = ["--format", "legacy"]  # the tiny model reads short prompts; RULER's need >= ~950 bytes
@@ -71,8 +71,8 @@ def test_cli_sweep_grid_summary_plots_and_resume(model_dir, tmp_path, monkeypatc
 def test_resume_after_interrupted_run_and_torn_line(tmp_path):
     model = tiny_model()
     out = tmp_path / "run"
-    kw = dict(task="s-niah-1", lengths=[L], strengths=[0.0, 1.0], samples=2, batch_size=1,
-              out=out, progress=False, task_format="legacy")
+    spec = SweepSpec(task="s-niah-1", lengths=[L], strengths=[0.0, 1.0], samples=2, batch_size=1,
+                     progress=False, task_format="legacy")
     generate = model.generate
     calls = []
 
@@ -84,13 +84,13 @@ def test_resume_after_interrupted_run_and_torn_line(tmp_path):
 
     model.generate = interrupted
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(model, "bytes", **kw)
+        run_sweep(model, spec, out=out)
     del model.generate
     first = load_results(out)
     assert len(first) == 1
     with open(out / "results.jsonl", "a") as fh:           # a kill in the middle of a write
         fh.write('{"length": 400, "s": 1.0, "sample_id": 1, "cor')
-    run_sweep(model, "bytes", **kw)
+    run_sweep(model, spec, out=out)
     rows = load_results(out)
     assert _keys(rows) == Counter({(L, s, i): 1 for s in (0.0, 1.0) for i in range(2)})
     assert rows[:1] == first                                # finished rows kept as they were
@@ -100,7 +100,7 @@ def test_resume_after_interrupted_run_and_torn_line(tmp_path):
 
 def test_resume_after_sigkill(model_dir, tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "qedprobe.eval.commands", "sweep", "--model", model_dir, "--device", "cpu",
+    cmd = [sys.executable, "-m", "qedprobe.cli", "sweep", "--model", model_dir, "--device", "cpu",
            "--out", str(out), "--lengths", str(L), "--strengths=0,1", "--samples", "2", "--batch-size", "1",
            "--no-progress", *LEGACY]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -160,8 +160,8 @@ def test_gdn2_model_refuses_strengths_other_than_one(tmp_path, capsys):
                           "--strengths=0,1", "--no-progress", *LEGACY]) == 2
     assert "gdn2" in capsys.readouterr().err and not (tmp_path / "o" / "results.jsonl").exists()
     with pytest.raises(SweepError, match="gdn2"):
-        run_sweep(tiny_model("gdn2"), lengths=[L], strengths=[0.5], samples=1, out=tmp_path / "p", progress=False,
-                  task_format="legacy")
+        run_sweep(tiny_model("gdn2"), SweepSpec(lengths=[L], strengths=[0.5], samples=1, progress=False,
+                                                task_format="legacy"), out=tmp_path / "p")
 
 
 def test_out_folder_with_other_config_and_lock(tmp_path):
@@ -230,7 +230,7 @@ def test_report_two_arms_paired(tmp_path, capsys):
 
 
 def test_summary_table_prints_every_cell_with_paired_columns():
-    from qedprobe.eval.commands import summary_table
+    from qedprobe.cli.evaluation import summary_table
 
     rows = [dict(length=512, s=1.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, score_pct=50.0, b=0, c=0,
                  mcnemar_p=1.0),
@@ -247,7 +247,7 @@ def test_summary_table_prints_every_cell_with_paired_columns():
 def test_plots_leave_the_matplotlib_backend_alone(tmp_path):
     """Writing the sweep figures must not switch a notebook's backend (inline figures would vanish)."""
     import matplotlib
-    from qedprobe.eval.sweep import plot_summary
+    from qedprobe.eval.plots import plot_summary
     before = matplotlib.get_backend()
     matplotlib.use("svg")
     try:

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from qedprobe.eval import tasks
-from qedprobe.eval.tasks import NOISE_TEXT, TASKS, NIAHTask, score
+from qedprobe import tasks
+from qedprobe.tasks import NOISE_TEXT, TASKS, NIAHTask, score
 from qedprobe.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 NEEDLE_RE = re.compile(r"One of the special magic (numbers|uuids) for ([a-z]+-[a-z]+) is: ([0-9a-f-]+)\.")
@@ -18,7 +18,7 @@ def hf_tok(tmp_path_factory):
     pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from qedprobe.eval.tasks import default_prose_path
+    from qedprobe.tasks import default_prose_path
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from helpers import saved_tiny_model, tiny, tiny_model
-from qedprobe.eval import commands, sweep
-from qedprobe.eval.sweep import SweepError, load_results, run_sweep, sweep_fast_path
+from qedprobe import cli as commands
+from qedprobe.eval import SweepError, SweepSpec, load_results, plan, run_sweep, sweep
+from qedprobe.eval.sweep import sweep_fast_path
 from qedprobe.model import QEDModel, fast_path, strength
 from qedprobe.model.decode_step import decode_step
 from qedprobe.model.fast import TokenLayout, conv_silu, mixer_inputs, stacked_weights
@@ -207,8 +208,8 @@ def test_stacked_weights_follow_in_place_edits():
 
 def test_sweep_on_the_fast_path_writes_the_plain_rows(tmp_path):
     model = tiny_model()
-    plain = run_sweep(model, out=tmp_path / "plain", **SWEEP)
-    fast = run_sweep(model, out=tmp_path / "fast", fast_path="eager", **SWEEP)  # dynamo, not compiled
+    plain = run_sweep(model, SweepSpec(**SWEEP), out=tmp_path / "plain")
+    fast = run_sweep(model, SweepSpec(fast_path="eager", **SWEEP), out=tmp_path / "fast")  # dynamo, not compiled
     assert (plain.fast_path, fast.fast_path, plain.missing, fast.missing) == (None, "eager", 0, 0)
     assert load_results(tmp_path / "fast") == load_results(tmp_path / "plain")
     assert sweep_fast_path(model, None) is None and sweep_fast_path(model, True) == "inductor"  # CPU: plain
@@ -223,7 +224,7 @@ def test_default_fast_path_that_fails_to_compile_falls_back_to_the_plain_path(tm
     fails to compile after a first batch: a warning, and the remaining rows from the plain path,
     equal to a plain sweep's. An explicitly requested fast path that fails raises."""
     model = tiny_model()
-    run_sweep(model, out=tmp_path / "plain", **SWEEP)
+    run_sweep(model, SweepSpec(**SWEEP), out=tmp_path / "plain")
     default = sweep.sweep_fast_path
     monkeypatch.setattr(sweep, "sweep_fast_path", lambda m, fp: "eager" if fp is None else default(m, fp))
     real_run_batch, calls = sweep.run_batch, []
@@ -235,19 +236,19 @@ def test_default_fast_path_that_fails_to_compile_falls_back_to_the_plain_path(tm
         return real_run_batch(model, *args, **kwargs)
     monkeypatch.setattr(sweep, "run_batch", failing_second_batch)
     with pytest.warns(RuntimeWarning, match="fast path did not compile .*simulated compile failure"):
-        result = run_sweep(model, out=tmp_path / "fallback", **SWEEP)
+        result = run_sweep(model, SweepSpec(**SWEEP), out=tmp_path / "fallback")
     assert result.fast_path is None and result.missing == 0 and calls == [True, True, False]
     assert load_results(tmp_path / "fallback") == load_results(tmp_path / "plain")
     calls.clear()
     with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError):
-        run_sweep(model, out=tmp_path / "explicit", fast_path="eager", **SWEEP)
+        run_sweep(model, SweepSpec(fast_path="eager", **SWEEP), out=tmp_path / "explicit")
 
 
 def test_sweep_time_limit_stops_between_batches_and_resumes(tmp_path):
     model = tiny_model()
-    stopped = run_sweep(model, out=tmp_path / "s", time_limit=0, **SWEEP)
+    stopped = run_sweep(model, SweepSpec(time_limit=0, **SWEEP), out=tmp_path / "s")
     assert stopped.missing == 6 and not (tmp_path / "s" / "results.jsonl").exists()
-    done = run_sweep(model, out=tmp_path / "s", **SWEEP)
+    done = run_sweep(model, SweepSpec(**SWEEP), out=tmp_path / "s")
     assert done.missing == 0 and len(load_results(tmp_path / "s")) == 6
 
 
@@ -256,8 +257,8 @@ def test_sweep_time_limit_stops_between_batches_and_resumes(tmp_path):
 def test_cli_eager_forces_the_plain_path(tmp_path, monkeypatch, flags, fast, graph):
     seen = {}
 
-    def fake_run_sweep(*args, **kwargs):
-        seen.update(kwargs)
+    def fake_run_sweep(model, spec, out):
+        seen.update(fast_path=spec.fast_path, cuda_graph=spec.cuda_graph)
         return sweep.SweepResult([], {"model_s": 0.0, "prefill_tokens_per_s": 0.0})
     monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
     model = saved_tiny_model(tmp_path / "m")
@@ -287,7 +288,7 @@ def test_gpu_fast_path_matches_plain_and_its_graph_replays_its_steps():
 @cuda
 def test_gpu_fast_path_gives_a_trained_model_the_same_answers():
     model = QEDModel.from_pretrained(CHECKPOINT, dtype=torch.bfloat16, device="cuda").eval()
-    from qedprobe.eval.tasks import NIAHTask
+    from qedprobe.tasks import NIAHTask
     task = NIAHTask("s-niah-1", "bytes")  # the legacy format it was trained on
     samples = task.samples(1024, 16)
     with torch.inference_mode():
@@ -309,4 +310,4 @@ def test_gpu_cli_sweep_takes_the_fast_path_unless_eager(tmp_path, capsys):
     assert commands.main([*argv[:4], str(tmp_path / "e"), *argv[5:], "--eager"]) == 0
     assert "plain path" in capsys.readouterr().out
     assert load_results(tmp_path / "o") and len(load_results(tmp_path / "e")) == 8
-    assert 2 ** 14 <= sweep.memory_batch_tokens(tiny_model().cuda()) <= sweep.MAX_BATCH_TOKENS
+    assert 2 ** 14 <= plan.memory_batch_tokens(tiny_model().cuda()) <= plan.MAX_BATCH_TOKENS

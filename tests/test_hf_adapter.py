@@ -365,3 +365,18 @@ def test_bare_kernels_import_reaches_the_installed_package_from_any_directory(wh
     assert lines[0] in (["kernels", "True", "True"], ["missing", "True", "True"])
     assert lines[1] in (["hooks", "True"], ["missing", "True"])
     assert lines[2] == ["logits", "(1,", "3,", "2)"]
+
+
+def test_a_folder_with_a_tokenizer_gives_the_adapted_model_its_text_methods(tmp_path):
+    import shutil
+
+    from qedprobe.tokenizer import HFTokenizer
+
+    tiny_hf("qwen3_5").save_pretrained(tmp_path / "m")
+    assert adapt(tmp_path / "m").tokenizer is None
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"checkpoints/interference-full-s0/{name}", tmp_path / "m" / name)
+    model, tok = adapt(tmp_path / "m"), HFTokenizer(tmp_path / "m")
+    ids = model.to_tokens("apple 7341")
+    assert ids.tolist() == [[tok.bos_id] + tok.encode("apple 7341")]
+    assert model.to_string(ids[0]) == "apple 7341"

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 
 from qedprobe.cli import main
-from qedprobe.eval.tasks import NOISE_TEXT, NIAHTask
+from qedprobe.tasks import NOISE_TEXT, NIAHTask
 
 from helpers import CHAT_TEMPLATE, HF_COMMON, one_thread, save_bpe_tokenizer
 
@@ -99,7 +99,7 @@ def test_cli_sweep_and_eig_on_a_transformers_folder(qwen_folder, tmp_path, capsy
 def test_cli_chat_template_on_a_transformers_folder(qwen_folder, tmp_path, capsys):
     """--chat-template feeds RULER's prompt in the folder's own template; off by default; refused
     where it cannot apply."""
-    from qedprobe.eval.tasks import make_task
+    from qedprobe.tasks import make_task
     chat = make_task("niah_single_1", str(qwen_folder), chat_template=True)
     L = chat.min_length() + 16
     out = tmp_path / "chat"

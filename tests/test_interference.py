@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from qedprobe.eval.commands import register as register_eval, tokenizer_spec
-from qedprobe.eval.control import ForeignKeyTask, ask_key, query_line
-from qedprobe.eval.tasks import NIAHTask
+from qedprobe.cli.evaluation import register as register_eval, tokenizer_spec
+from qedprobe.tasks.control import ForeignKeyTask, ask_key, query_line
+from qedprobe.tasks import NIAHTask
 from qedprobe.tokenizer import load_tokenizer
 from qedprobe.train import TrainConfig, TrainData, train
 from qedprobe.train.bpe import SPECIAL, train_tokenizer

@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 from qedprobe.eval.eig import BINS, EigAccumulator
 from qedprobe.eval.plots import (LOG_SPREAD, accuracy_errorbar, figure, linear_spread, save_accuracy_figure,
                                  series_style, spaced_labels)
-from qedprobe.eval.sweep import plot_title
+from qedprobe.eval.plots import plot_title
 
 ROW = {"accuracy": 0.0, "ci_low": 0.0, "ci_high": 0.04}
 

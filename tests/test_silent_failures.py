@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from helpers import make_inputs, op_args, saved_tiny_model, tiny_model
-from qedprobe.eval import commands
-from qedprobe.eval.sweep import SweepError, load_results, run_sweep
+from qedprobe import cli as commands
+from qedprobe.eval import SweepError, SweepSpec, load_results, run_sweep
 from qedprobe.model import QEDModel
 from qedprobe import ops
 from qedprobe.ops import qed_chunk_torch, qed_naive, value_checks
@@ -52,23 +52,23 @@ def test_sweep_cli_refuses_other_weights_behind_the_same_config(tmp_path, capsys
 
 
 def test_sweep_api_refuses_other_weights_and_resumes_with_the_same(tmp_path):
-    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], samples=1, out=tmp_path / "run", progress=False)
-    run_sweep(tiny_model(seed=0), "bytes", strengths=[1.0], **kw)
+    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], samples=1, progress=False)
+    run_sweep(tiny_model(seed=0), SweepSpec(strengths=[1.0], **kw), out=tmp_path / "run")
     with pytest.raises(SweepError, match="weights"):
-        run_sweep(tiny_model(seed=1), "bytes", strengths=[0.0, 1.0], **kw)
-    run_sweep(tiny_model(seed=0), "bytes", strengths=[0.0, 1.0], **kw)  # same weights: resumes
+        run_sweep(tiny_model(seed=1), SweepSpec(strengths=[0.0, 1.0], **kw), out=tmp_path / "run")
+    run_sweep(tiny_model(seed=0), SweepSpec(strengths=[0.0, 1.0], **kw), out=tmp_path / "run")  # same weights: resumes
     assert sorted(r["s"] for r in load_results(tmp_path / "run")) == [0.0, 1.0]
 
 
 def test_sweep_folder_without_weights_hash_is_not_resumed(tmp_path):
-    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], strengths=[1.0], samples=1, out=tmp_path / "run", progress=False)
-    run_sweep(tiny_model(), "bytes", **kw)
+    spec = SweepSpec(task="s-niah-1", task_format="legacy", lengths=[L], strengths=[1.0], samples=1, progress=False)
+    run_sweep(tiny_model(), spec, out=tmp_path / "run")
     config_file = tmp_path / "run" / "config.json"
     config = json.loads(config_file.read_text())
     del config["model"]["weights"]  # as written before the weights were fingerprinted
     config_file.write_text(json.dumps(config))
     with pytest.raises(SweepError, match="no weights hash"):
-        run_sweep(tiny_model(), "bytes", **kw)
+        run_sweep(tiny_model(), spec, out=tmp_path / "run")
 
 
 # ------------------------------------------------------------------ 2. recurrence in the weights file
@@ -127,16 +127,16 @@ def test_truncating_the_loss_log_says_so(tmp_path):
 
 # ------------------------------------------------------------------ 5. corrupt results line
 def test_corrupt_line_in_results_is_refused_by_file_and_line(tmp_path, capsys):
-    kw = dict(task="s-niah-1", task_format="legacy", lengths=[L], strengths=[0.0, 1.0], samples=1, out=tmp_path / "run",
-              progress=False)
-    run_sweep(tiny_model(), "bytes", **kw)
+    spec = SweepSpec(task="s-niah-1", task_format="legacy", lengths=[L], strengths=[0.0, 1.0], samples=1,
+                     progress=False)
+    run_sweep(tiny_model(), spec, out=tmp_path / "run")
     path = tmp_path / "run" / "results.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     assert len(lines) == 2
     path.write_text(lines[0][:10] + "\n" + lines[1])
     before = path.read_bytes()
     with pytest.raises(SweepError, match=r"results.jsonl:1: "):
-        run_sweep(tiny_model(), "bytes", **kw)
+        run_sweep(tiny_model(), spec, out=tmp_path / "run")
     with pytest.raises(SweepError, match=r"results.jsonl:1: "):
         load_results(tmp_path / "run")
     assert path.read_bytes() == before  # nothing cut off

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qedprobe.eval.tasks import make_task
+from qedprobe.tasks import make_task
 from qedprobe.model import QEDModel
 from qedprobe.train import TrainConfig, TrainData, WSD, read_log, train
 from qedprobe.train import opcheck, trainer
@@ -329,10 +329,11 @@ def test_committed_checkpoints_load(folder):
 def test_gpu_recall_checkpoints_retrieve_on_cpu(folder, tmp_path):
     """The shipped GPU recall models retrieve here too: S-NIAH-1 at 1K (their training length),
     three prompts, float32 on CPU through the PyTorch chunk path (100 % of 100 on the H200)."""
-    from qedprobe.eval import run_sweep
+    from qedprobe.eval import SweepSpec, run_sweep
     model = QEDModel.from_pretrained(ROOT / "checkpoints" / folder).float()
-    summary = run_sweep(model, "bytes", task="s-niah-1", task_format="legacy", lengths=[1024], strengths=[1.0],
-                        samples=3, seed=0, out=tmp_path / "sweep", progress=False).summary
+    spec = SweepSpec(task="s-niah-1", task_format="legacy", lengths=[1024], strengths=[1.0], samples=3, seed=0,
+                     progress=False)
+    summary = run_sweep(model, spec, out=tmp_path / "sweep").summary
     rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
     assert len(rows) == 3 and all(r["correct"] for r in rows), [r["prediction"] for r in rows]
     assert len(summary) == 1
@@ -357,15 +358,15 @@ def test_interference_checkpoint_matches_the_asked_key(tmp_path):
     needle, and falls to that level or below when the question asks a key that no needle has
     (the foreign-key control, same prompts otherwise): it matches keys (docs/RESULTS.md, "Key
     matching at the training length")."""
-    from qedprobe.eval import run_sweep
-    from qedprobe.eval.control import ForeignKeyTask
-    from qedprobe.eval.tasks import NIAHTask
+    from qedprobe.eval import SweepSpec, run_sweep
+    from qedprobe.tasks.control import ForeignKeyTask
+    from qedprobe.tasks import NIAHTask
     folder = ROOT / "checkpoints" / "interference-full-s0"
     model = QEDModel.from_pretrained(folder, dtype=torch.float32).eval()
     accuracy = {}
     for name, kind in (("real", NIAHTask), ("control", ForeignKeyTask)):
         task = kind("mk-niah", str(folder), num_needles=4, haystack="noise")
-        summary = run_sweep(model, task.tokenizer, task=task, lengths=[1024], strengths=[1.0], samples=12, seed=0,
-                            out=tmp_path / name, batch_size=12, progress=False).summary
+        spec = SweepSpec(task=task, lengths=[1024], strengths=[1.0], samples=12, seed=0, batch_size=12, progress=False)
+        summary = run_sweep(model, spec, out=tmp_path / name).summary
         accuracy[name] = summary[0]["accuracy"]
     assert accuracy["real"] >= 0.75 and accuracy["control"] <= 0.25, accuracy

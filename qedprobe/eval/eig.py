@@ -41,11 +41,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from qedprobe import dist
 from qedprobe.hooks import RunningStats
 from qedprobe.kernels.qed import erase_vector, l2_normalize
+from qedprobe.model import strength
 from qedprobe.model.hooked import hook_name
+from qedprobe.tasks import make_task
+from qedprobe.tokenizer import load_tokenizer
+
+from .plots import figure
 
 __all__ = ["sigma_max_rank_one", "EigAccumulator", "run_eig", "reduce_ranks", "task_batches", "text_batches", "BINS"]
 
@@ -294,8 +300,6 @@ class EigAccumulator:
         """One figure of per-head histograms per quantity (empty bins are gaps, not a floor),
         and ``eig_heatmaps.png`` (min e, max e, max sigma per layer and head)."""
         from matplotlib.ticker import MaxNLocator, NullFormatter
-
-        from .plots import figure
         out = Path(out)
         paths = []
         L = len(self.layers)
@@ -342,8 +346,6 @@ class EigAccumulator:
     def _plot_heatmaps(self, path: Path) -> Path:
         """min e_t, max e_t and max sigma_max(M_t) as ``[layer, head]`` maps with integer ticks."""
         from matplotlib.ticker import MaxNLocator
-
-        from .plots import figure
         L = len(self.layers)
         fig = figure(figsize=(11, 0.3 * L + 2.4))
         axes = fig.subplots(1, 3)
@@ -379,7 +381,6 @@ def task_batches(task, tokenizer="bytes", *, length, samples, seed=0, batch_size
     """Yield ``LongTensor [B, T]`` batches of a NIAH task's prompts (no padding: the prompts of
     a batch are cut to the shortest one so that no padding enters the statistics). ``shard``
     ``(rank, ranks)`` yields only that rank's batches (every ``ranks``-th, from ``rank``)."""
-    from .tasks import make_task
     nt = task if hasattr(task, "sample") else make_task(task, tokenizer, **task_kwargs)
     for start in _batch_starts(samples, batch_size, shard):
         ss = [nt.sample(length, i, samples=samples, seed=seed)
@@ -392,7 +393,6 @@ def text_batches(path, tokenizer="bytes", *, length, samples, batch_size=1, shar
     """Yield ``[B, length]`` windows of a text file's tokens (BOS first when the tokenizer has
     one); the text is repeated when it is shorter than ``samples * length`` tokens. ``shard``
     as in :func:`task_batches`."""
-    from qedprobe.tokenizer import load_tokenizer
     tok = load_tokenizer(tokenizer)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
@@ -418,7 +418,6 @@ def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=Non
     Under a ``torch.distributed`` process group every rank passes its own share of the inputs
     (``task_batches(..., shard=(rank, ranks))``) and gets back the accumulator of all ranks
     (:func:`reduce_ranks`)."""
-    from qedprobe.model import strength as strength_cm
     cfg = model.cfg
     acc = EigAccumulator(cfg.num_hidden_layers, cfg.num_heads, cfg.head_dim,
                          layers=model.mixer_layers if record_layers is None else record_layers,
@@ -427,10 +426,9 @@ def run_eig(model, batches, *, s=1.0, layers=None, heads=None, record_layers=Non
                 "arm": getattr(cfg, "arm", None)}
     it = batches
     if progress:
-        from tqdm.auto import tqdm
         it = tqdm(batches, total=total, unit="batch", desc="eig", disable=not dist.is_main())
     device = model.device
-    with torch.inference_mode(), strength_cm(model, s, layers=layers, heads=heads, phase="all",
+    with torch.inference_mode(), strength(model, s, layers=layers, heads=heads, phase="all",
                                              allow_extrapolation=allow_extrapolation):
         for ids in it:
             ids = ids.to(device)

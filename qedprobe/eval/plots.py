@@ -1,4 +1,5 @@
-"""Shared pieces of the figures of ``sweep``, ``report`` and ``eig`` (matplotlib).
+"""The figures of a results folder (:func:`plot_summary`) and the pieces that ``report`` and ``eig``
+share with them (matplotlib).
 
 Figures are plain ``matplotlib.figure.Figure`` objects saved to files: pyplot is never imported
 and the global backend is left alone, so a notebook's inline figures keep working after a sweep.
@@ -105,3 +106,40 @@ def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, length
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return Path(path)
+
+
+def plot_title(model_id, arm, task, seed, layers, heads, phase) -> str:
+    """``"recall-full-s1 (arm full), s-niah-1, seed 0"``, plus where the strength acts when not everywhere."""
+    name = Path(model_id).name if model_id else "model"
+    where = [f"{k} {v}" for k, v in (("layers", layers), ("heads", heads)) if v is not None]
+    where += [f"{phase} only"] if phase != "all" else []
+    return f"{name} (arm {arm}), {task}, seed {seed}" + (f"; s on {', '.join(where)}" if where else "")
+
+
+def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
+    """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length);
+    the series differ in colour and marker and are offset a little along x (see ``plots``)."""
+    from matplotlib import colormaps
+    out = Path(out)
+    lengths = sorted({r["length"] for r in summary})
+    strengths = sorted({r["s"] for r in summary})
+    cell = {(r["length"], r["s"]): r for r in summary}
+    paths = []
+    for by_length, xs, series, xlabel, fname in (
+            (True, lengths, strengths, "context length (tokens)", "acc_vs_length.png"),
+            (False, strengths, lengths, "strength s (lambda x s)", "acc_vs_strength.png")):
+        fig = figure(figsize=(6.4, 4.2))
+        ax = fig.subplots()
+        cmap = colormaps["viridis"]
+        width = LOG_SPREAD if by_length else linear_spread(xs)
+        for j, ser in enumerate(series):
+            pts = [(x, cell.get((x, ser) if by_length else (ser, x))) for x in xs]
+            pts = [(x, r) for x, r in pts if r is not None and r["n"]]
+            if pts:
+                accuracy_errorbar(ax, pts, log_x=by_length, **series_style(j, len(series), width),
+                                  color=cmap(0.9 * j / max(1, len(series) - 1)),
+                                  label=f"s = {ser:g}" if by_length else f"L = {format_length(ser)}")
+        paths.append(save_accuracy_figure(fig, ax, out / fname, xlabel=xlabel, title=title,
+                                          lengths=lengths if by_length else None,
+                                          strengths=None if by_length else strengths))
+    return paths

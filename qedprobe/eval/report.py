@@ -26,7 +26,8 @@ from pathlib import Path
 
 from .stats import mcnemar_exact
 from .plots import LOG_SPREAD, accuracy_errorbar, figure, format_length, save_accuracy_figure, series_style
-from .sweep import SweepError, strength_key, load_results, summarize
+from .store import SweepError, load_results, strength_key
+from .summary import summarize
 
 __all__ = ["load_sweep", "build_report", "paired_between"]
 

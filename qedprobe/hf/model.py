@@ -36,6 +36,8 @@ from .families import HFQEDConfig, UnsupportedModelError, deltanet_class, modeli
 from .recurrence import LinearAttnRecurrence
 
 _ADAPTED = "_qedprobe_adapted"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""A folder with one of these has a tokenizer: ``adapt(folder)`` gives the model its ``tokenizer``."""
 
 
 def _deltanets(hf_model, cfg: HFQEDConfig) -> dict:
@@ -195,14 +197,19 @@ def adapt(model, *, op_mode: str = "auto", dtype: torch.dtype | None = None, dev
     """An :class:`HFQEDModel` around ``model``: a transformers model object (adapted in place,
     its weights shared; it may be dispatched over devices by accelerate) or a local folder (read
     with ``local_files_only=True``: nothing is downloaded; ``dtype``, and ``device`` or
-    accelerate's ``device_map`` with ``offload_folder``, apply to it)."""
-    if isinstance(model, (str, os.PathLike)):
-        model = load_transformers(model, dtype=dtype, device=device, device_map=device_map,
+    accelerate's ``device_map`` with ``offload_folder``, apply to it; its tokenizer, if it has
+    one, becomes ``model.tokenizer`` for ``to_tokens`` / ``to_string``)."""
+    folder = model if isinstance(model, (str, os.PathLike)) else None
+    if folder is not None:
+        model = load_transformers(folder, dtype=dtype, device=device, device_map=device_map,
                                   offload_folder=offload_folder)
     elif any(x is not None for x in (dtype, device, device_map, offload_folder)):
         raise ValueError("adapt: `dtype`, `device`, `device_map` and `offload_folder` apply to a folder; "
                          "load or move the model object yourself")
-    return HFQEDModel(model, op_mode=op_mode)
+    adapted = HFQEDModel(model, op_mode=op_mode)
+    if folder is not None and any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
+        adapted.tokenizer = os.fspath(folder)  # model.to_tokens / to_string (read on first use)
+    return adapted
 
 
 def load_transformers(path, *, dtype: torch.dtype | None = None, device=None, device_map=None,

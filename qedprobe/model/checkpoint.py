@@ -22,6 +22,7 @@ from .config import QEDConfig
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.json"
 RECURRENCE_KEYS = ("arm", "lambda_max")
 """Config keys stored in the weights' metadata (key ``qedprobe.recurrence``, a JSON object)."""
 RECURRENCE_META = "qedprobe.recurrence"
@@ -92,6 +93,7 @@ def load_pretrained(cls, path, dtype: torch.dtype | None = None, device=None):
     """Build ``cls(config)`` and load the weights of directory ``path`` exactly.
 
     ``dtype``: None keeps the dtype stored for ``embeddings.weight``; ``device``: default CPU.
+    A folder with a ``tokenizer.json`` becomes the model's ``tokenizer`` (read on first use).
     """
     path = Path(path)
     if not path.is_dir():
@@ -107,4 +109,6 @@ def load_pretrained(cls, path, dtype: torch.dtype | None = None, device=None):
     model.to(dtype=dtype or tensors["embeddings.weight"].dtype)
     if device is not None:
         model.to(device)
+    if (path / TOKENIZER_NAME).is_file():
+        model.tokenizer = str(path)  # read on first use (model.to_tokens, model.tokenizer)
     return model

@@ -42,7 +42,7 @@ class QEDConfig(TLAliases):
     ``A ~ U(decay_a_range)`` per head and ``softplus(dt_bias)`` log-uniform in ``decay_dt_range``
     per key channel (fla's defaults ``(1, 16)`` and ``(1e-3, 1e-1)``: initial half-lives of
     about 0.4 to 700 tokens). ``task_format`` records the NIAH prompt format the model was trained
-    on (``qedprobe.eval.tasks.FORMATS``; ``qedprobe train`` writes it, None = not recorded): a
+    on (``qedprobe.tasks.FORMATS``; ``qedprobe train`` writes it, None = not recorded): a
     record for evaluation, it changes nothing the model computes.
     """
 
@@ -86,7 +86,7 @@ class QEDConfig(TLAliases):
             raise ValueError(f"QEDConfig: `head_dim * expand_v` must be an integer, got "
                              f"{self.head_dim} * {self.expand_v}")
         if self.task_format is not None:
-            from qedprobe.eval.tasks import FORMATS
+            from qedprobe.tasks import FORMATS
             if self.task_format not in FORMATS:
                 raise ValueError(f"QEDConfig: `task_format` must be None or one of {FORMATS}, "
                                  f"got {self.task_format!r}")

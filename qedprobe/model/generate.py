@@ -30,6 +30,8 @@ import math
 
 import torch
 
+from qedprobe.progress import progress_bar
+
 from .decode_step import decode_step
 from .hooked import hooks_attached
 from .mixer import MixerState
@@ -146,9 +148,15 @@ def prefill(model, packed) -> tuple[torch.Tensor, list[MixerState]]:
     return torch.cat(logits)[rows], _cat_states(parts, rows)
 
 
-def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph) -> torch.Tensor:
+def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, verbose=False) -> torch.Tensor:
     """``[N, S]`` new token ids (``S <= max_new_tokens``; fewer once every prompt emitted one of
-    ``stop_ids``)."""
+    ``stop_ids``); ``verbose`` shows a progress bar over the new tokens."""
+    with progress_bar(total=max_new_tokens, unit="token", desc="generate", disable=not verbose) as bar:
+        return _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, bar.update)
+
+
+def _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, tick) -> torch.Tensor:
+    """:func:`_decode`'s loop; ``tick()`` after each new token."""
     last, states = prefill(model, packed)
     out = torch.empty(len(packed.lengths), max_new_tokens, dtype=torch.long, device=model.device)
     done = torch.zeros(len(packed.lengths), dtype=torch.bool, device=model.device)
@@ -159,6 +167,7 @@ def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph) -> to
     for i in range(max_new_tokens):
         tokens = next_tokens(last, **sampling)
         out[:, i] = tokens
+        tick()
         if i == max_new_tokens - 1:
             break
         if stop_ids:
@@ -240,19 +249,22 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None,
              return_type: str = "input", pad_token_id: int | None = None,
-             cuda_graph: bool = True):
+             cuda_graph: bool = True, verbose: bool = False, use_past_kv_cache: bool = True,
+             prepend_bos: bool | None = None):
     """Continue each prompt by up to ``max_new_tokens`` tokens (greedy unless ``do_sample``).
 
-    ``prompts``: an integer tensor ``[B, T]`` or ``[T]``, a list of non-empty token-id lists, or
-    a :class:`~qedprobe.model.packing.PackedPrompts` (packed once, reused across calls).
+    ``prompts``: an integer tensor ``[B, T]`` or ``[T]``, a list of non-empty token-id lists, a
+    :class:`~qedprobe.model.packing.PackedPrompts` (packed once, reused across calls), or a text
+    / list of texts (through the model's tokenizer, ``model.to_tokens`` with ``prepend_bos``).
     ``eos_token_id``: an id or a list of ids; with ``stop_at_eos`` (default) a prompt stops
     after its first one (included); ``stop_at_eos=False`` always decodes ``max_new_tokens``.
 
     Returns, with ``return_type="input"`` (default), the prompts followed by their new tokens in
     the input's form: a ``[B, T + S]`` (``[T + S]``) LongTensor on the model's device for a tensor
     input, where ``S`` is the longest continuation and a row that stopped earlier is filled with
-    ``pad_token_id`` (default: the first EOS id); one list per prompt otherwise. With
-    ``return_type="new_tokens"``: one list of new tokens per prompt (ragged, each up to its EOS).
+    ``pad_token_id`` (default: the first EOS id); one list per prompt for lists; the text with
+    its continuation for texts (special tokens dropped). With ``return_type="new_tokens"``: one
+    list of new tokens per prompt (ragged, each up to its EOS).
 
     Strength blocks with ``phase="prefill"`` act on the prompt pass, ``phase="decode"`` on the
     token steps. Hooks fire in both: in the prefill once per distinct prompt length with
@@ -260,8 +272,18 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
     (all prompts, in order). ``cuda_graph`` (default on) replays the decode step from a CUDA
     graph where that is exact (CUDA, no hooks attached; see :mod:`.decode_step`): the same
     tokens bit for bit as the eager step (``tests/test_decode_fast.py`` checks it on CUDA);
-    ``cuda_graph=False`` forces the eager step.
+    ``cuda_graph=False`` forces the eager step. ``verbose`` shows a progress bar over the new
+    tokens. ``use_past_kv_cache`` must stay True: every step continues the carried recurrent
+    state (a recurrence has no key-value cache to leave out; recomputing the prefix gives the
+    same tokens more slowly).
     """
+    if use_past_kv_cache is not True:
+        raise ValueError(f"generate: `use_past_kv_cache` must be True, got {use_past_kv_cache!r}: each step "
+                         "continues the carried recurrent state (re-running the prefix would give the same tokens)")
+    texts = _text_prompts(prompts)
+    if texts is not None:
+        one = [texts] if isinstance(texts, str) else texts
+        prompts = [model.to_tokens(t, prepend_bos=prepend_bos)[0].tolist() for t in one]
     packed, eos, stop_ids = checked_generate_inputs(
         model, prompts, max_new_tokens, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos,
         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
@@ -270,6 +292,17 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
     if max_new_tokens > 0:
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                         generator=generator)
-        new = until_stop(_decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph).tolist(),
-                          stop_ids)
-    return as_output(prompts, packed, new, return_type, pad_token_id, eos)
+        new = until_stop(_decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph,
+                                 verbose).tolist(), stop_ids)
+    out = as_output(prompts, packed, new, return_type, pad_token_id, eos)
+    if texts is None or return_type != "input":
+        return out
+    return model.to_string(out[0]) if isinstance(texts, str) else [model.to_string(r) for r in out]
+
+
+def _text_prompts(prompts):
+    """``prompts`` itself when it is a text or a non-empty list of texts, else None."""
+    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                    and all(isinstance(p, str) for p in prompts)):
+        return prompts
+    return None

@@ -19,6 +19,8 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.utilities import Slice
 
+from .tokens import TokenMethods
+
 
 MODEL_HOOKS = ("embed",)
 BLOCK_HOOKS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
@@ -52,9 +54,10 @@ def hooks_attached(model) -> bool:
     return any(hp.has_hooks() for hp in model.hook_dict.values())
 
 
-class HookedModel(HookedRootModule):
+class HookedModel(TokenMethods, HookedRootModule):
     """``HookedRootModule`` whose ``run_with_cache`` returns a ``cache_class`` (TransformerLens'
-    ``ActivationCache``, or a model's subclass of it) by default."""
+    ``ActivationCache``, or a model's subclass of it) by default, with TransformerLens' text
+    methods (``tokenizer``, ``to_tokens``, ``to_string``, ...: :mod:`.tokens`)."""
 
     mixer_name = "attn"
     cache_class = ActivationCache

@@ -47,6 +47,48 @@ PHASES = ("prefill", "decode")
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
+def right_padded_lengths(attention_mask, shape) -> torch.Tensor | None:
+    """``[B]`` token counts of a right-padded ``attention_mask`` ``[B, T]`` (each row ones then
+    zeros); any other mask is refused by name. None for no mask."""
+    if attention_mask is None:
+        return None
+    m = torch.as_tensor(attention_mask)
+    if tuple(m.shape) != tuple(shape) or m.is_floating_point() or not bool(((m == 0) | (m == 1)).all()):
+        raise ValueError(f"QEDModel: `attention_mask` must be 0/1 (or bool) of shape {tuple(shape)}, "
+                         f"got {m.dtype} {tuple(m.shape)}")
+    lengths = m.long().sum(1)
+    prefix = torch.arange(m.shape[1], device=m.device) < lengths[:, None]
+    if not torch.equal(prefix, m.bool()):
+        raise ValueError("QEDModel: `attention_mask` must pad on the right (each row ones, then zeros): "
+                         "a recurrence reads left to right, so left pads or holes would enter the state")
+    return lengths
+
+
+def check_residual(x, hidden: int) -> None:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != hidden:
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"QEDModel: with `start_at_layer`, `input` is the residual stream [B, T, {hidden}] "
+                         f"(floating point), got {got}")
+
+
+def next_token_loss(logits, tokens, lengths, per_token: bool) -> torch.Tensor:
+    """Mean ``-log p(x_{t+1} | x_{<=t})`` over the targets inside each row's ``lengths`` (all,
+    for None); ``per_token``: ``[B, T - 1]``, zero at the left-out targets."""
+    if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != tuple(logits.shape[:2]):
+        got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else tokens
+        raise ValueError(f"QEDModel: the loss needs `tokens` [B, T] = {tuple(logits.shape[:2])} "
+                         f"(pass tokens= with start_at_layer), got {got}")
+    if tokens.shape[1] < 2:
+        raise ValueError(f"QEDModel: the loss needs at least 2 tokens per row, got `input_ids` of shape {tuple(tokens.shape)}")
+    logp = logits[:, :-1].float().log_softmax(-1)
+    loss = -logp.gather(-1, tokens[:, 1:, None].to(logits.device).long())[..., 0]
+    if lengths is None:
+        return loss if per_token else loss.mean()
+    keep = torch.arange(1, tokens.shape[1], device=loss.device) < lengths.to(loss.device)[:, None]
+    loss = loss.masked_fill(~keep, 0.0)
+    return loss if per_token else loss.sum() / keep.sum()
+
+
 class QEDBlock(nn.Module):
     """Mixer + SwiGLU MLP with residual connections."""
 
@@ -119,26 +161,61 @@ class QEDModel(HookedModel):
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise ValueError(f"QEDModel: token ids must lie in [0, {self.cfg.vocab_size}), got {lo}..{hi}")
 
-    def forward(self, input_ids: torch.Tensor, return_type: str | None = "logits",
-                loss_per_token: bool = False):
-        """``input_ids`` ``[B, T]`` -> logits ``[B, T, vocab_size]`` (a prefill pass).
+    def forward(self, input, return_type: str | None = "logits", loss_per_token: bool = False, *,
+                attention_mask: torch.Tensor | None = None, start_at_layer: int | None = None,
+                stop_at_layer: int | None = None, tokens: torch.Tensor | None = None,
+                prepend_bos: bool | None = None):
+        """``input`` ``[B, T]`` token ids (or a text / list of texts, through :meth:`to_tokens`
+        with ``prepend_bos``) -> logits ``[B, T, vocab_size]`` (a prefill pass).
 
         ``return_type`` as TransformerLens: ``"logits"``, ``"loss"`` (the mean next-token
         cross-entropy ``-log p(x_{t+1} | x_{<=t})``, a scalar, or ``[B, T - 1]`` with
-        ``loss_per_token``), ``"both"`` (``(logits, loss)``) or ``None``.
+        ``loss_per_token``), ``"both"`` (``(logits, loss)``) or ``None``. ``attention_mask``
+        ``[B, T]`` (1 = token, 0 = pad) must pad on the right: the logits before the pads are
+        those without pads (a recurrence is causal) and the loss leaves out every target that
+        is a pad or follows one (TransformerLens' rule); left padding is refused, since the pads
+        would enter the state. ``stop_at_layer=n`` runs blocks ``0 .. n - 1`` and returns the
+        residual stream ``[B, T, hidden]`` (``hook_resid_pre`` of block ``n``; negative ``n``
+        counts from the end); ``start_at_layer=n`` takes that residual as ``input`` and runs
+        blocks ``n ..`` (the loss then needs the ``tokens`` ``[B, T]``).
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"QEDModel: `return_type` must be one of {RETURN_TYPES}, got {return_type!r}")
-        logits = self.forward_with_state(input_ids)[0]
-        if return_type in ("logits", None):
-            return None if return_type is None else logits
-        if input_ids.shape[1] < 2:
-            raise ValueError(f"QEDModel: return_type={return_type!r} needs at least 2 tokens per row, "
-                             f"got `input_ids` of shape {tuple(input_ids.shape)}")
-        logp = logits[:, :-1].float().log_softmax(-1)
-        loss = -logp.gather(-1, input_ids[:, 1:, None].long())[..., 0]
-        loss = loss if loss_per_token else loss.mean()
-        return loss if return_type == "loss" else (logits, loss)
+        if isinstance(input, (str, list, tuple)):
+            input = self.to_tokens(input, prepend_bos=prepend_bos)
+        start, stop = self.layer_span(start_at_layer, stop_at_layer, return_type)
+        if start == 0:
+            self._check_ids(input)
+            tokens = input
+        else:
+            check_residual(input, self.cfg.hidden_size)
+        lengths = right_padded_lengths(attention_mask, input.shape[:2])
+        out = self.run_blocks(input, states=None, cu_seqlens=None, scales=self.lam_scales("prefill"),
+                              want_state=False, start_at_layer=start, stop_at_layer=stop)[0]
+        if stop is not None or return_type in ("logits", None):
+            return None if return_type is None else out
+        loss = next_token_loss(out, tokens, lengths, loss_per_token)
+        return loss if return_type == "loss" else (out, loss)
+
+    def layer_span(self, start_at_layer, stop_at_layer, return_type) -> tuple[int, int | None]:
+        """``(start, stop)`` block indices from TransformerLens' arguments (negative from the end;
+        ``stop`` None: through the head)."""
+        n = self.cfg.num_hidden_layers
+
+        def index(name, value):
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or not -n <= value <= n:
+                raise ValueError(f"QEDModel: `{name}` must be an int in [-{n}, {n}] or None, got {value!r}")
+            return value % n if value < 0 else value
+
+        start, stop = index("start_at_layer", start_at_layer) or 0, index("stop_at_layer", stop_at_layer)
+        if stop is not None and stop < start:
+            raise ValueError(f"QEDModel: `stop_at_layer` ({stop_at_layer}) comes before `start_at_layer` ({start_at_layer})")
+        if stop is not None and return_type not in ("logits", None):
+            raise ValueError(f"QEDModel: stop_at_layer={stop_at_layer} returns the residual stream, "
+                             f"so return_type={return_type!r} has no logits to score; leave return_type at 'logits'")
+        return start, stop
 
     def forward_with_state(self, input_ids: torch.Tensor, *, states: list[MixerState] | None = None,
                            cu_seqlens: torch.Tensor | None = None, phase: str = "prefill",
@@ -164,30 +241,39 @@ class QEDModel(HookedModel):
 
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,
                    scales: torch.Tensor | None, want_state: bool, logit_positions=None,
-                   state_in_place: bool = False):
+                   state_in_place: bool = False, start_at_layer: int = 0, stop_at_layer: int | None = None):
         """:meth:`forward_with_state` on ids already checked, with the lambda factors ``scales``
         ``[L, H]`` (device) given: no host synchronisation, so it can be captured in a CUDA graph.
         Inside a ``fast_path`` block the blocks run on the fast path where it applies (``fast.py``).
         ``state_in_place``: each layer's new state (recurrent and convolution caches) is written
-        over ``states[l]`` (:meth:`QEDMixer.forward`)."""
+        over ``states[l]`` (:meth:`QEDMixer.forward`). ``start_at_layer > 0``: ``input_ids`` is
+        the residual ``[B, T, hidden]`` entering that block; ``stop_at_layer``: the residual
+        leaving block ``stop_at_layer - 1`` is returned instead of logits (no states)."""
         if states is not None and len(states) != self.cfg.num_hidden_layers:
             raise ValueError(f"QEDModel: `states` must hold one MixerState per layer "
                              f"({self.cfg.num_hidden_layers}), got {len(states)}")
-        x = self.hook_embed(self.embeddings(input_ids))
+        x = self.hook_embed(self.embeddings(input_ids)) if start_at_layer == 0 else input_ids
         fp = active_fast_path(self, packed=cu_seqlens is not None, states=states)
         run_block = QEDBlock.__call__ if fp is None else \
             fast_block_runner(fp, cu_seqlens, x.shape[1], self.cfg.conv_size)
         new_states = []
-        for l, block in enumerate(self.blocks):
-            x, state = run_block(block, x, lam_scale=None if scales is None else scales[l],
+        for l in range(start_at_layer, self.cfg.num_hidden_layers if stop_at_layer is None else stop_at_layer):
+            x, state = run_block(self.blocks[l], x, lam_scale=None if scales is None else scales[l],
                                  state=None if states is None else states[l],
                                  cu_seqlens=cu_seqlens, want_state=want_state, state_in_place=state_in_place)
             new_states.append(state)
+        if stop_at_layer is not None:
+            return x, None
         if logit_positions is not None:
             x = x[:, logit_positions]
         x = self.norm(x)
         logits = F.linear(x, self.embeddings.weight) if self.lm_head is None else self.lm_head(x)
         return logits, (new_states if want_state else None)
+
+    @property
+    def W_E(self) -> torch.Tensor:
+        """The embedding ``[vocab, d_model]``: ``hook_embed = W_E[ids]`` (no positional embedding)."""
+        return self.embeddings.weight
 
     @property
     def W_U(self) -> torch.Tensor:
@@ -205,17 +291,12 @@ class QEDModel(HookedModel):
         ``[*tokens.shape, d_model]``: the residual direction (after ``ln_final``) whose dot
         product is the token's logit."""
         if isinstance(tokens, str):
-            self.to_single_token(tokens)
+            tokens = self.to_single_token(tokens)
         t = torch.as_tensor(tokens, device=self.device)
         if t.dtype not in (torch.int32, torch.int64) or t.numel() == 0 \
                 or int(t.min()) < 0 or int(t.max()) >= self.cfg.vocab_size:
             raise ValueError(f"QEDModel: `tokens` must be token ids in [0, {self.cfg.vocab_size}), got {tokens!r:.80}")
         return self.W_U.T[t]
-
-    def to_single_token(self, string: str):
-        """Refused: the model carries no tokenizer (pass token ids, e.g. ``qedprobe.tokenizer``'s)."""
-        raise ValueError(f"QEDModel has no tokenizer, so {string!r} cannot become a token: pass token ids "
-                         "(encode with qedprobe.tokenizer.load_tokenizer or your tokenizer)")
 
     generate = generation.generate  # model.generate(prompts, max_new_tokens=16, ...): see that function
 

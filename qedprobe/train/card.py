@@ -55,7 +55,7 @@ Frozen for analysis: load with `QEDModel.from_pretrained(path)`. Weights are bf1
 
 ## Data recipe
 
-Documents are evaluation-format NIAH prompts from `qedprobe.eval.tasks` in the **legacy** task
+Documents are evaluation-format NIAH prompts from `qedprobe.tasks` in the **legacy** task
 format (`task_format` in `config.json`; evaluate with `qedprobe sweep --format legacy`; the default
 `ruler` format is NVIDIA RULER's prompts, which this model has not seen) followed by their
 answer and EOS, packed whole into rows (PAD after). Training draws its samples from negative

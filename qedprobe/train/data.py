@@ -1,10 +1,10 @@
-r"""The training mixture: NIAH documents from :mod:`qedprobe.eval.tasks`, packed into rows.
+r"""The training mixture: NIAH documents from :mod:`qedprobe.tasks`, packed into rows.
 
 A *document* is an evaluation-style prompt followed by its answer::
 
     [BOS] {intro}\n{haystack with needle(s)}\n{question} {answer prefix} {value}.[EOS]
 
-built by :class:`qedprobe.eval.tasks.NIAHTask` in the ``legacy`` task format
+built by :class:`qedprobe.tasks.NIAHTask` in the ``legacy`` task format
 (:data:`TASK_FORMAT`; the same generator ``--format legacy`` evaluates, so the format the model
 learns is the format it is tested on; RULER's format draws its samples as one stream per length,
 not by index, so it cannot feed random rows) and the tokenizer of
@@ -21,7 +21,7 @@ would fit after it) and a sample index. Row ``r`` therefore depends on nothing b
 
 Disjointness from evaluation: training documents call ``NIAHTask.sample(..., seed=-(1 + seed))``,
 a negative seed, while evaluation sweeps use seeds ``>= 0``. A sample's random numbers come from
-``random.Random("task|seed|length|i")`` (see ``qedprobe.eval.tasks``), so training and evaluation
+``random.Random("task|seed|length|i")`` (see ``qedprobe.tasks``), so training and evaluation
 draw keys, values and haystack offsets from different seed streams (``tests/test_train.py``
 checks that no prompt and no asked (key, value) pair is shared). The haystack texts (the noise
 sentences and the shipped prose file) are shared: they are the filler, not the answer.
@@ -29,7 +29,7 @@ sentences and the shipped prose file) are shared: they are the filler, not the a
 Multi-query documents (MK-NIAH components with ``queries`` other than ``"one"``): after the
 sample's own question and answer come ``num_needles - 1`` more query lines and answers, each
 query line being the sample's last prompt line (question and answer prefix) with the asked key
-replaced (:func:`qedprobe.eval.control.query_line`)::
+replaced (:func:`qedprobe.tasks.control.query_line`)::
 
     ... {question(k0)} {prefix(k0)} {v0}.\n{question(k3)} {prefix(k3)} {v3}.\n ... [EOS]
 
@@ -55,8 +55,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from qedprobe.eval.control import query_line
-from qedprobe.eval.tasks import make_task
+from qedprobe.tasks.control import query_line
+from qedprobe.tasks import make_task
 from qedprobe.tokenizer import load_tokenizer
 
 TASK_FORMAT = "legacy"
@@ -71,7 +71,7 @@ SAMPLE_SPACE = 10**9
 
 @dataclass(frozen=True)
 class Component:
-    """One part of a mixture: a task of ``qedprobe.eval.tasks.TASKS``, its sampling weight, the
+    """One part of a mixture: a task of ``qedprobe.tasks.TASKS``, its sampling weight, the
     haystack (``mk-niah`` only: ``"noise"`` or ``"prose"``), the inclusive needle-count range and
     ``queries``: ``"one"`` (the sample's asked needle), ``"all"`` or ``"random"`` (``mk-niah``
     only: every needle asked once, or needles drawn with replacement; see the module docstring)."""

@@ -7,7 +7,7 @@ by anything else (position, recency, a fixed preference) scores the same on both
 accuracy well above ``1 / num_needles`` *and* a control at or below it is evidence of key
 matching; a control as high as the real prompt is evidence against it.
 
-:class:`ForeignKeyTask` is a :class:`qedprobe.eval.tasks.NIAHTask` whose samples are the
+:class:`ForeignKeyTask` is a :class:`qedprobe.tasks.legacy.NIAHTask` whose samples are the
 controls of the parent's samples (same haystack, needles, depth and ``answer``), so
 :func:`qedprobe.eval.sweep.run_sweep` and everything downstream of it run on them unchanged.
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .tasks import NIAHTask, Sample
+from .legacy import NIAHTask
+from .sample import Sample
 
 __all__ = ["ForeignKeyTask", "ask_key", "query_line"]
 

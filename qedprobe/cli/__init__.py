@@ -6,20 +6,24 @@ a negative list may follow its flag without ``=`` (``--strengths -1,0,1``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
+from qedprobe import demo
 from qedprobe.cliutil import HelpFormatter, join_negative_values
+from qedprobe.model import convert
+from qedprobe.train import bpe, commands as train_commands
 
-COMMAND_MODULES = ("qedprobe.demo", "qedprobe.model.convert", "qedprobe.eval.commands", "qedprobe.train.commands",
-                   "qedprobe.train.bpe")
+from . import evaluation
+
+COMMAND_MODULES = (demo, convert, evaluation, train_commands, bpe)
+"""The modules whose ``register(subparsers)`` adds their sub-commands, in ``--help`` order."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qedprobe", description="Look inside QED linear-attention models and intervene on them.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
     for sub in subparsers.choices.values():
         sub.formatter_class = HelpFormatter
     return parser
@@ -34,6 +38,3 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     return args.func(args)
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

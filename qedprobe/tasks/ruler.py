@@ -73,7 +73,7 @@ from pathlib import Path
 
 from qedprobe.tokenizer import TokenizerError, chat_prompt, load_tokenizer
 
-from .tasks import Sample, answer_tokens, default_prose_path
+from .sample import Sample, answer_tokens, default_prose_path
 
 __all__ = [
     "ANSWER_PREFIX",
@@ -427,7 +427,7 @@ class RulerTask:
         return [self.sample(length, i, samples=samples, seed=seed) for i in ids]
 
     def answer_tokens(self, samples) -> int:
-        """New tokens enough to read the answers of ``samples`` (see ``tasks.answer_tokens``)."""
+        """New tokens enough to read the answers of ``samples`` (see :func:`qedprobe.tasks.sample.answer_tokens`)."""
         return answer_tokens(self.tokenizer, samples, self.max_new_tokens)
 
     def min_length(self) -> int:

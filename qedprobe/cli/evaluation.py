@@ -1,4 +1,4 @@
-"""Sub-commands ``sweep``, ``report`` and ``eig`` for the ``qedprobe`` CLI.
+"""Sub-commands ``sweep``, ``report`` and ``eig`` of the ``qedprobe`` CLI (:mod:`qedprobe.eval`).
 
 ``register(subparsers)`` adds them; each sets ``func=run_x`` with ``run_x(args) -> int``.
 Every check that needs no model (task, lengths, strengths, tokenizer, output path, the model
@@ -6,7 +6,6 @@ folder's ``config.json``) runs before the weights are loaded; a sweep folder's o
 ``config.json`` is compared after, as it records the weights' hash. Errors are printed as one
 line ``qedprobe <cmd>: error: ...`` with exit status 2.
 
-Standalone: ``python -m qedprobe.eval.commands sweep ...``.
 """
 from __future__ import annotations
 
@@ -16,13 +15,24 @@ import math
 import sys
 from pathlib import Path
 
+import torch
+
+from qedprobe import dist
 from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.eval import sweep
+from qedprobe.eval.eig import run_eig, task_batches, text_batches
+from qedprobe.eval.report import build_report
+from qedprobe.eval.spec import (SweepSpec, check_model, check_strengths_for, check_tokenizer_fits, parse_float_list,
+                                parse_int_list, sweep_config)
+from qedprobe.eval.store import SweepError, open_store
+from qedprobe.hf.folder import folder_config, is_transformers_folder, load_folder
 from qedprobe.kernels.qed import ARMS
+from qedprobe.model import QEDConfig, QEDModel
+from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.tasks import DEFAULT_FORMAT, FORMATS, ForeignKeyTask, make_task
+from qedprobe.tokenizer import TokenizerError, load_tokenizer
 
-from .sweep import SweepError, parse_float_list, parse_int_list
-from .tasks import DEFAULT_FORMAT, FORMATS
-
-__all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table", "main"]
+__all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -61,6 +71,12 @@ def _common_model_args(p):
 
 def register(subparsers) -> None:
     """Add ``sweep``, ``report`` and ``eig`` to an argparse ``subparsers`` object."""
+    _register_sweep(subparsers)
+    _register_report(subparsers)
+    _register_eig(subparsers)
+
+
+def _register_sweep(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="NIAH accuracy vs inference-time strength s (resumable)",
                               description="Run a strength sweep: every (length, s, sample) once, "
                                           "appended to OUT/results.jsonl; rerun to resume.")
@@ -93,7 +109,7 @@ def register(subparsers) -> None:
                         "UUIDs; ruler: 128)")
     p.add_argument("--control", default=None, choices=("foreign-key",),
                    help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
-                        "(qedprobe.eval.control; a key-matching model falls to <= 1/num_needles)")
+                        "(qedprobe.tasks.control; a key-matching model falls to <= 1/num_needles)")
     p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
     p.add_argument("--eager", action="store_true",
                    help="the plain path for debugging: every layer in plain PyTorch (not the torch.compile'd "
@@ -103,6 +119,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_sweep_cmd)
 
+
+def _register_report(subparsers) -> None:
     p = subparsers.add_parser("report", help="several sweeps side by side, with paired tests",
                               description="Markdown tables and a figure from sweep folders.")
     p.add_argument("sweeps", nargs="+", help="sweep output folders")
@@ -113,6 +131,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="folder for report.md, report.json, report.png")
     p.set_defaults(func=run_report_cmd)
 
+
+def _register_eig(subparsers) -> None:
     p = subparsers.add_parser("eig", help="streaming histograms of e_t, rho_t, ||S^T d||, sigma_max(M_t)",
                               description="Run a task or a text file through the model and save "
                                           "per-layer, per-head statistics of the erase factor.")
@@ -143,7 +163,7 @@ _TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens":
                "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
                "chat_template": "--chat-template"}
 FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
-                   "strengths": "--strengths"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
+                   "strengths": "--strengths", "batch_size": "--batch-size", "batch_tokens": "--batch-tokens"}, "eig": {**_TASK_FLAGS, "s": "--strength"},
          "report": {"baseline": "--baseline", "labels": "--labels", "s": "--s"}}
 """Per command: Python argument -> CLI flag, for error messages."""
 
@@ -153,7 +173,6 @@ def _fail(cmd, msg) -> int:
 
 
 def _device_dtype(args):
-    import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
@@ -168,7 +187,6 @@ def _device_dtype(args):
 
 
 def _is_transformers(args) -> bool:
-    from qedprobe.hf.folder import is_transformers_folder
     return is_transformers_folder(args.model)
 
 
@@ -196,20 +214,17 @@ def _check_chat_template(args) -> None:
 def _rank_device_dtype(args):
     """:func:`_device_dtype`, with the process group started under torchrun and a CUDA device
     per rank (``qedprobe.dist``)."""
-    from qedprobe import dist
     dev, dtype = _device_dtype(args)
     dist.init_from_env(dev)
     return dist.rank_device(dev), dtype
 
 
 def _model_config(path, args):
-    from qedprobe.model import QEDConfig
     p = Path(path)
     if not p.is_dir():
         raise SweepError(f"--model {path!r} is not a folder")
     try:
         if _is_transformers(args):
-            from qedprobe.hf.folder import folder_config
             return folder_config(p, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
         if args.qed_lambda is not None:
             raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
@@ -226,10 +241,8 @@ def _check_out(path) -> None:
 
 
 def _load_model(path, dev, dtype, args):
-    from qedprobe.model import QEDModel
     try:
         if _is_transformers(args):
-            from qedprobe.hf.folder import load_folder
             return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
         model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
     except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
@@ -238,68 +251,16 @@ def _load_model(path, dev, dtype, args):
 
 
 def run_sweep_cmd(args) -> int:
-    from qedprobe import dist
-    from qedprobe.tokenizer import TokenizerError
-
-    from qedprobe.model.checkpoint import state_dict_sha256
-
-    from .control import ForeignKeyTask
-    from .sweep import check_model, open_store, run_sweep, sweep_config, validate_grid
-    from .tasks import make_task
     try:
-        lengths = parse_int_list(args.lengths, "--lengths")
-        strengths = parse_float_list(args.strengths, "--strengths")
-        layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
-        if args.batch_size is not None and args.batch_size < 1:
-            raise SweepError("--batch-size must be >= 1")
-        if args.batch_tokens is not None and args.batch_tokens < 1:
-            raise SweepError("--batch-tokens must be >= 1")
-        if args.control is not None and (args.task != "mk-niah" or args.format != "legacy"):
-            raise SweepError(f"--control {args.control} needs --format legacy --task mk-niah, "
-                             f"got --format {args.format} --task {args.task}")
-        _check_chat_template(args)
-        try:
-            task_kw = dict(haystack_file=args.haystack_file, num_needles=args.num_needles,
-                           max_new_tokens=args.max_new_tokens, haystack=args.haystack)
-            if args.control:
-                nt = ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
-            else:
-                nt = make_task(args.task, tokenizer_spec(args), format=args.format,
-                               chat_template=args.chat_template, **task_kw)
-        except (TokenizerError, OSError, ValueError) as exc:
-            raise SweepError(str(exc)) from None
-        validate_grid(nt, lengths, strengths, args.samples, args.phase, args.allow_extrapolation)
-        if round(args.ref_strength, 6) not in {round(s, 6) for s in strengths}:
-            raise SweepError(f"--ref-strength {args.ref_strength:g} is not among --strengths {args.strengths}: "
-                             "the paired tests need its rows (list it; rows already in --out are not recomputed)")
-        cfg = _model_config(args.model, args)
-        if getattr(cfg, "task_format", None) not in (None, args.format):
-            print(f"qedprobe sweep: note: the model was trained on the {cfg.task_format} format, "
-                  f"this sweep uses --format {args.format}", file=sys.stderr)
-        try:
-            check_model(nt, cfg, strengths, layers, heads)
-        except SweepError as exc:
-            hint = ("pass --qed-lambda (and --qed-arm) to inject QED into this transformers model, or "
-                    "--strengths=1") if _is_transformers(args) else "pass --strengths=1"
-            raise SweepError(f"{exc}; {hint}" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
+        spec, cfg = _sweep_spec(args)
         dev, dtype = _rank_device_dtype(args)
-        model_id = str(Path(args.model).resolve())
         _check_out(args.out)
         model = _load_model(args.model, dev, dtype, args)  # the folder's config records the weights' hash
-        config = sweep_config(nt, samples=args.samples, seed=args.seed, lengths=lengths, strengths=strengths,
-                              layers=layers, heads=heads, phase=args.phase, ref_strength=args.ref_strength,
-                              model_id=model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
+        config = sweep_config(spec, model_id=spec.model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
                               weights=state_dict_sha256(model))
         store = open_store(args.out, config)
         try:
-            result = run_sweep(model, nt.tokenizer, task=nt, lengths=lengths, strengths=strengths,
-                               samples=args.samples, seed=args.seed, out=store,
-                               batch_size=args.batch_size, batch_tokens=args.batch_tokens,
-                               layers=layers, heads=heads, phase=args.phase,
-                               ref_strength=args.ref_strength,
-                               allow_extrapolation=args.allow_extrapolation, model_id=model_id,
-                               progress=not args.no_progress, cuda_graph=not (args.eager or args.eager_decode),
-                               fast_path=False if args.eager else None)
+            result = sweep.run_sweep(model, spec, out=store)
         finally:
             store.close()
     except SweepError as exc:
@@ -315,6 +276,49 @@ def run_sweep_cmd(args) -> int:
     return 0
 
 
+def _sweep_spec(args) -> tuple[SweepSpec, object]:
+    """The sweep the flags describe, checked against the ``--model`` folder's config (no weights
+    read), and that config."""
+    if args.control is not None and (args.task != "mk-niah" or args.format != "legacy"):
+        raise SweepError(f"--control {args.control} needs --format legacy --task mk-niah, "
+                         f"got --format {args.format} --task {args.task}")
+    _check_chat_template(args)
+    spec = SweepSpec(task=_sweep_task(args), lengths=parse_int_list(args.lengths, "--lengths"),
+                     strengths=parse_float_list(args.strengths, "--strengths"), samples=args.samples,
+                     seed=args.seed, layers=_idx_list(args.layers, "--layers"), heads=_idx_list(args.heads, "--heads"),
+                     phase=args.phase, allow_extrapolation=args.allow_extrapolation, ref_strength=args.ref_strength,
+                     batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                     cuda_graph=not (args.eager or args.eager_decode), fast_path=False if args.eager else None,
+                     model_id=str(Path(args.model).resolve()), progress=not args.no_progress)
+    if round(args.ref_strength, 6) not in {round(s, 6) for s in spec.strengths}:
+        raise SweepError(f"--ref-strength {args.ref_strength:g} is not among --strengths {args.strengths}: "
+                         "the paired tests need its rows (list it; rows already in --out are not recomputed)")
+    cfg = _model_config(args.model, args)
+    if getattr(cfg, "task_format", None) not in (None, args.format):
+        print(f"qedprobe sweep: note: the model was trained on the {cfg.task_format} format, "
+              f"this sweep uses --format {args.format}", file=sys.stderr)
+    try:
+        check_model(spec, cfg)
+    except SweepError as exc:
+        hint = ("pass --qed-lambda (and --qed-arm) to inject QED into this transformers model, or "
+                "--strengths=1") if _is_transformers(args) else "pass --strengths=1"
+        raise SweepError(f"{exc}; {hint}" if cfg.arm == "gdn2" and "gdn2" in str(exc) else exc) from None
+    return spec, cfg
+
+
+def _sweep_task(args):
+    """The task generator of ``--task`` in ``--format`` (or its ``--control``)."""
+    task_kw = dict(haystack_file=args.haystack_file, num_needles=args.num_needles,
+                   max_new_tokens=args.max_new_tokens, haystack=args.haystack)
+    try:
+        if args.control:
+            return ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
+        return make_task(args.task, tokenizer_spec(args), format=args.format, chat_template=args.chat_template,
+                         **task_kw)
+    except (TokenizerError, OSError, ValueError) as exc:
+        raise SweepError(str(exc)) from None
+
+
 def summary_table(summary) -> str:
     """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent),
     McNemar vs the reference s."""
@@ -328,7 +332,6 @@ def summary_table(summary) -> str:
 
 
 def run_report_cmd(args) -> int:
-    from .report import build_report
     try:
         labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
         base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
@@ -341,11 +344,6 @@ def run_report_cmd(args) -> int:
 
 
 def run_eig_cmd(args) -> int:
-    from qedprobe import dist
-    from qedprobe.tokenizer import TokenizerError, load_tokenizer
-
-    from .eig import run_eig, task_batches, text_batches
-    from .tasks import make_task
     try:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
@@ -370,7 +368,6 @@ def run_eig_cmd(args) -> int:
         except (TokenizerError, ValueError, OSError) as exc:
             raise SweepError(str(exc)) from None
         cfg = _model_config(args.model, args)
-        from .sweep import check_strengths_for, check_tokenizer_fits
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
         out = Path(args.out)
@@ -416,13 +413,3 @@ def eig_table(summary: dict) -> str:
                      f"{max(h['e']['max'] for h in heads):.4f} | {sum(h['e_out01'] for h in heads)} of {n} | "
                      f"{max(h['sigma']['max'] for h in heads):.4f} | {mean('corr'):.3g} |")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    """``qedprobe`` (any sub-command), for ``python -m qedprobe.eval.commands``."""
-    from qedprobe.cli import main as cli_main
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,5 @@
-"""Needle-in-a-haystack tasks, generated offline, in two formats (:data:`FORMATS`).
-
-* ``ruler`` (the default, :mod:`qedprobe.eval.ruler`): NVIDIA RULER's NIAH tasks reproduced
-  prompt for prompt, with RULER's length budget, depths, keys and ``string_match_all`` score.
-* ``legacy``: qedprobe's earlier format, described below; the shipped checkpoints were trained
-  and evaluated on it (their ``config.json`` records ``task_format``).
-
-:func:`make_task` builds either; the legacy names ``s-niah-1/2/3`` and ``mk-niah`` also name
-RULER's ``niah_single_1/2/3`` and ``niah_multikey_1`` in the ``ruler`` format. Both formats
-produce :class:`Sample` objects, scored by :func:`answer_fraction` (the share of the answers found
-in the prediction: RULER's ``string_match_all`` for one sample) and :func:`score` (all found).
+"""qedprobe's earlier NIAH format (``legacy``): the one the shipped checkpoints were trained and
+evaluated on (their ``config.json`` records ``task_format``).
 
 Legacy tasks (``TASKS``):
 
@@ -39,28 +30,15 @@ evenly over the samples.
 from __future__ import annotations
 
 import functools
-from array import array
-import hashlib
 import random
 import re
 import uuid
-from dataclasses import dataclass, field
-from importlib import resources
 
 from qedprobe.tokenizer import load_tokenizer
 
-__all__ = ["TASKS", "FORMATS", "DEFAULT_FORMAT", "RULER_ALIASES", "NOISE_TEXT", "Sample", "NIAHTask",
-           "make_task", "task_names", "default_prose_path", "prompt_sha", "score", "answer_fraction",
-           "string_match_all", "string_match_part", "answer_tokens"]
+from .sample import Sample, answer_tokens, default_prose_path
 
-FORMATS = ("ruler", "legacy")
-"""Task formats: RULER's prompts (:mod:`qedprobe.eval.ruler`) and qedprobe's earlier ones."""
-
-DEFAULT_FORMAT = "ruler"
-
-RULER_ALIASES = {"s-niah-1": "niah_single_1", "s-niah-2": "niah_single_2", "s-niah-3": "niah_single_3",
-                 "mk-niah": "niah_multikey_1"}
-"""Legacy task names and the RULER task each corresponds to (accepted in the ``ruler`` format)."""
+__all__ = ["NOISE_TEXT", "TASKS", "NIAHTask"]
 
 NOISE_TEXT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 """The noise haystack of S-NIAH-1, repeated."""
@@ -100,16 +78,7 @@ _NOUNS = (
     "valley", "violin", "wagon", "walnut", "whistle", "willow", "window", "wolf", "yacht", "zebra",
 )
 
-ANSWER_MARGIN = 2
-"""New tokens past the answer itself that :meth:`NIAHTask.answer_tokens` allows (an EOS, or an
-answer that tokenises one token longer in context)."""
-
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def default_prose_path():
-    """Path of the shipped prose haystack (original text written for qedprobe, public domain)."""
-    return resources.files("qedprobe.eval").joinpath("data/haystack_prose.txt")
 
 
 @functools.lru_cache(maxsize=8)
@@ -126,41 +95,6 @@ def _read_sentences(path: str) -> tuple:
     if not sentences:
         raise ValueError(f"haystack file {path!r} has no text")
     return sentences
-
-
-def prompt_sha(input_ids) -> str:
-    """A short fingerprint of a prompt's token ids (pairs rows of different runs)."""
-    return hashlib.sha1(array("q", [int(i) for i in input_ids]).tobytes()).hexdigest()[:16]
-
-
-@dataclass
-class Sample:
-    """One generated prompt. ``input_ids`` include the BOS token (if the tokenizer has one; a
-    RULER prompt in a chat template has the template's own special tokens instead).
-
-    ``answers``: every value the prompt asks for (one, or several for RULER's multi-value and
-    multi-query tasks); ``answer`` is the first. ``counted_tokens``: the tokens the format counts
-    against ``length`` (legacy: ``input_ids`` and ``max_new_tokens``; RULER: the prompt without
-    special tokens and its 128 generated tokens)."""
-
-    task: str
-    length: int
-    sample_id: int
-    seed: int
-    prompt: str
-    input_ids: list
-    answer: str
-    key: str
-    depth: float
-    max_new_tokens: int
-    needles: list = field(default_factory=list)  # [(key, value, depth)] of every needle, asked first
-    haystack_units: int = 0
-    answers: list = field(default_factory=list)
-    counted_tokens: int = 0
-
-    @property
-    def sha(self) -> str:
-        return prompt_sha(self.input_ids)
 
 
 class NIAHTask:
@@ -350,78 +284,3 @@ class NIAHTask:
         return [self.sample(length, i, samples=samples, seed=seed) for i in ids]
 
 
-def answer_tokens(tokenizer, samples, max_new_tokens) -> int:
-    """New tokens enough to read the answers of ``samples``: the longest continuation
-    ``" {a1}, {a2}."`` (the answers after the answer prefix) in tokens, plus :data:`ANSWER_MARGIN`,
-    at most ``max_new_tokens`` (one 7-digit number in bytes: 9 + 2 = 11)."""
-    if not samples:
-        raise ValueError("answer_tokens: no samples")
-    need = max(len(tokenizer.encode(" " + ", ".join(s.answers) + ".")) for s in samples)
-    return min(int(max_new_tokens), need + ANSWER_MARGIN)
-
-
-def _answer_list(answers) -> list:
-    return [answers] if isinstance(answers, str) else list(answers)
-
-
-def answer_fraction(prediction: str, answers) -> float:
-    """Share of ``answers`` (a string or a list) that appear in ``prediction``, case-insensitive:
-    RULER's ``string_match_all`` for one sample."""
-    refs = _answer_list(answers)
-    if not refs:
-        raise ValueError("answer_fraction: no answers")
-    pred = prediction.lower()
-    return sum(1.0 if r.lower() in pred else 0.0 for r in refs) / len(refs)
-
-
-def score(prediction: str, answer) -> bool:
-    """RULER's string match: every answer (a string or a list) appears in the prediction
-    (case-insensitive)."""
-    return answer_fraction(prediction, answer) == 1.0
-
-
-def string_match_all(preds, refs) -> float:
-    """RULER's NIAH metric: mean over samples of :func:`answer_fraction`, in percent, 2 decimals."""
-    return round(sum(answer_fraction(p, r) for p, r in zip(preds, refs, strict=True)) / len(preds) * 100, 2)
-
-
-def string_match_part(preds, refs) -> float:
-    """RULER's QA metric: share of samples with at least one answer found, in percent, 2 decimals."""
-    return round(sum(answer_fraction(p, r) > 0 for p, r in zip(preds, refs, strict=True)) / len(preds) * 100, 2)
-
-
-def task_names(format=DEFAULT_FORMAT) -> tuple:
-    """The task names a format accepts (for ``ruler``: RULER's names, then the legacy aliases)."""
-    _check_format(format)
-    if format == "legacy":
-        return TASKS
-    from .ruler import RULER_TASKS
-    return tuple(RULER_TASKS) + tuple(RULER_ALIASES)
-
-
-def _check_format(format):
-    if format not in FORMATS:
-        raise ValueError(f"unknown task format {format!r}; choose one of {', '.join(FORMATS)}")
-
-
-def make_task(name, tokenizer="bytes", *, format=DEFAULT_FORMAT, haystack_file=None, chat_template=False,
-              **legacy):
-    """A task generator of ``format``: :class:`qedprobe.eval.ruler.RulerTask` or :class:`NIAHTask`.
-
-    ``haystack_file`` applies to both (RULER's essay haystack; the legacy prose haystack);
-    ``chat_template`` (wrap the prompts in the tokenizer's chat template) to the ``ruler`` format
-    only; the keywords ``num_needles``, ``haystack`` and ``max_new_tokens`` are legacy options
-    (RULER fixes them per task) and must be None in the ``ruler`` format."""
-    _check_format(format)
-    if format == "legacy":
-        if chat_template:
-            raise ValueError("`chat_template` applies to the ruler format (the legacy format has no chat "
-                             "prompts: its models were trained on the raw text)")
-        return NIAHTask(name, tokenizer, haystack_file=haystack_file, **legacy)
-    given = sorted(k for k, v in legacy.items() if v is not None)
-    if given:
-        raise ValueError(f"{', '.join(given)}: legacy-format options (--format legacy); "
-                         "RULER's tasks fix them")
-    from .ruler import RulerTask
-    return RulerTask(RULER_ALIASES.get(name, name), tokenizer, haystack_file=haystack_file,
-                     chat_template=chat_template)
