@@ -166,7 +166,9 @@ def saved_tiny_model(folder, arm="full", seed=0):
 # attention at 0, 2, 3 and softmax attention at 1, so a layer's index differs from its rank among
 # the linear ones); GDN families with grouped value heads (2 q/k heads, 4 value heads), KDA
 # families with 4 heads of 16. ``initializer_range`` 0.1: transformers' 0.02 makes a tiny model's
-# recurrence contribute almost nothing.
+# recurrence contribute almost nothing; likewise decay rates ``exp(A_log)`` in [0.02, 0.3] and the
+# KDA safe gates' lower bound -0.5 (their defaults decay the state by e^-10 per token or so: the
+# state, and with it the erase term, would be gone after one token).
 
 HF_VOCAB = 160
 HF_LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
@@ -192,7 +194,7 @@ def _hf_config(family: str):
     qsa = dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4)
     glm_text = dict(HF_KDA, layer_types=HF_INDEXED, kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16,
                     v_head_dim=16, n_routed_experts=4, moe_intermediate_size=32, num_experts_per_tok=2,
-                    index_n_heads=2, index_head_dim=16, index_topk=16)
+                    index_n_heads=2, index_head_dim=16, index_topk=16, linear_lower_bound=-0.5)
     glm_vision = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
                       projection_intermediate_size=32, patch_size=4, image_size=16)
     return {
@@ -206,7 +208,8 @@ def _hf_config(family: str):
         "lara_mini": lambda: tr.LaraMiniConfig(**gdn),
         "kimi_linear": lambda: tr.KimiLinearConfig(**HF_KDA, **HF_MLA, num_local_experts=4),
         "bailing_hybrid": lambda: tr.BailingHybridConfig(**HF_KDA, **HF_MLA, head_dim=16, num_local_experts=4, n_group=1,
-                                                         topk_group=1, first_k_dense_replace=1, num_mtp_layers=0),
+                                                         topk_group=1, first_k_dense_replace=1, num_mtp_layers=0,
+                                                         kda_lower_bound=-0.5),
         # GLM-5-Next exists only as an image-text model: its text model inside Glm5NextForConditionalGeneration.
         "glm5_next": lambda: tr.Glm5NextConfig(text_config=tr.Glm5NextTextConfig(**glm_text).to_dict(),
                                                vision_config=glm_vision),
@@ -223,7 +226,12 @@ def tiny_hf(family: str, seed: int = 0):
     if (family, seed) not in _HF_BUILT:
         torch.manual_seed(seed)
         auto = AutoModelForImageTextToText if family == "glm5_next" else AutoModelForCausalLM
-        _HF_BUILT[family, seed] = auto.from_config(_hf_config(family)).eval()
+        model = auto.from_config(_hf_config(family)).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("A_log"):
+                    param.copy_(torch.empty_like(param).uniform_(0.02, 0.3).log())
+        _HF_BUILT[family, seed] = model
     return copy.deepcopy(_HF_BUILT[family, seed])
 
 

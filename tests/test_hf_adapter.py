@@ -26,7 +26,7 @@ from qedprobe.model import hook_name, strength
 from qedprobe.model.hooked import MIXER_HOOKS
 from qedprobe.model.recurrence import per_channel_gates
 
-from helpers import HF_FAMILIES, HF_KDA_FAMILIES, hf_ids, hf_torch_reference, tiny_hf
+from helpers import HF_FAMILIES, HF_KDA_FAMILIES, HF_VOCAB, hf_ids, hf_torch_reference, tiny_hf
 
 F32 = dict(rtol=1e-5, atol=5e-5)  # float32 rounding of two chunk algorithms over 24 tokens
 NEW = 16
@@ -380,3 +380,85 @@ def test_a_folder_with_a_tokenizer_gives_the_adapted_model_its_text_methods(tmp_
     ids = model.to_tokens("apple 7341")
     assert ids.tolist() == [[tok.bos_id] + tok.encode("apple 7341")]
     assert model.to_string(ids[0]) == "apple 7341"
+
+
+def _offload_map(model) -> dict:
+    """A ``device_map`` for accelerate: decoder layers 2 and 3 on "disk", everything else on "cpu"."""
+    layers = next(n for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList))
+    placed = {}
+
+    def cover(prefix, module):
+        for name, child in module.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            if full == layers:
+                placed.update({f"{full}.{i}": "disk" if i >= 2 else "cpu" for i in range(len(child))})
+            elif layers.startswith(full + "."):
+                cover(full, child)
+            else:
+                placed[full] = "cpu"
+    cover("", model)
+    return placed
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_device_map_with_disk_offload_equals_one_device(family, tmp_path):
+    """A folder loaded with accelerate's device_map (layers 2, 3 offloaded to disk): the native
+    run, hooks and probes, inject_qed, strength and generate equal the model on one device."""
+    hf = tiny_hf(family)
+    hf.save_pretrained(tmp_path / "m")
+    one = adapt(hf)
+    split = adapt(tmp_path / "m", device_map=_offload_map(hf), offload_folder=tmp_path / "offload")
+    assert set(split.hf_model.hf_device_map.values()) == {"cpu", "disk"}
+    ids = hf_ids(t=12)
+    assert torch.equal(split(ids), one(ids))
+    zero_b = [("blocks.3.linear_attn.hook_b", lambda b, hook: torch.zeros_like(b))]
+    assert torch.equal(split.run_with_hooks(ids, fwd_hooks=zero_b), one.run_with_hooks(ids, fwd_hooks=zero_b))
+    for model in (one, split):
+        inject_qed(model, 0.1, arm="full", layers=[2, 3])
+    probes = lambda name: name.endswith(("hook_e", "hook_Sd", "hook_lambda"))  # noqa: E731
+    (logits, cache), (split_logits, split_cache) = (m.run_with_cache(ids, names_filter=probes) for m in (one, split))
+    assert torch.equal(split_logits, logits) and len(cache.cache_dict) == 9
+    assert all(torch.equal(split_cache[name], cache[name]) for name in cache.cache_dict)
+    with strength(one, 2.0, phase="decode"), strength(split, 2.0, phase="decode"):
+        assert split.generate([[5, 6, 7, 8]], 6) == one.generate([[5, 6, 7, 8]], 6)
+
+
+def _max_diff(a, b) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+def _paths(hf, model, ids) -> dict:
+    """Logits of a forward and of 16 greedy steps, with their tokens, on three paths: the
+    reference (transformers' PyTorch recurrence), the model's default (fla's kernels where fla
+    is installed; the adapted model with nothing hooked runs it too) and qedprobe's op."""
+    def run(hooks):
+        with model.hooks(fwd_hooks=hooks):
+            logits = hf(ids).logits
+            gen = hf.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True, pad_token_id=0)
+        return logits, torch.stack(gen.logits, 1), gen.sequences[0, ids.shape[1]:].tolist()
+    with hf_torch_reference(hf):
+        torch_path = run([])
+    return {"torch": torch_path, "default": run([]), "ours": run(OP_PATH)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton path (qed_chunk, qed_recurrent)")
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_gpu_lambda_zero_matches_transformers_at_4096_tokens(family):
+    """On CUDA, T = 4096, float32: qedprobe's Triton prefill and decode against transformers'
+    PyTorch recurrence, for a forward and 16 greedy steps: as close as the model's own default
+    path (fla's kernels) is, or within 1e-4 of the logits' scale; greedy tokens agree wherever
+    the default path's do. With nothing hooked the adapted model is the default path."""
+    hf = tiny_hf(family).cuda()
+    model = adapt(hf)
+    ids = torch.randint(2, HF_VOCAB, (1, 4096), generator=torch.Generator().manual_seed(0)).cuda()
+    paths = _paths(hf, model, ids)
+    ref_logits, ref_steps, ref_tokens = paths["torch"]
+    for part, ref in ((0, ref_logits), (1, ref_steps)):
+        bound = max(2 * _max_diff(paths["default"][part], ref), 1e-4 * float(ref.abs().max()))
+        assert _max_diff(paths["ours"][part], ref) <= bound, (family, part)
+    agree = next((i for i, (a, b) in enumerate(zip(paths["default"][2], ref_tokens)) if a != b), NEW)
+    assert paths["ours"][2][:agree] == ref_tokens[:agree]
+    assert torch.equal(model(ids), hf(ids).logits)  # free when off: the default path itself

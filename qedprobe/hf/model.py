@@ -29,6 +29,7 @@ from transformer_lens.hook_points import HookPoint
 
 from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, as_output, checked_generate_inputs, until_stop
 from qedprobe.model.hooked import HookedModel
+from qedprobe.model.model import RETURN_TYPES, next_token_loss, right_padded_lengths
 
 from . import route
 from .cache import HFActivationCache
@@ -131,14 +132,36 @@ class HFQEDModel(HookedModel):
         setattr(self.hf_model, _ADAPTED, False)
         return self.hf_model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``input_ids`` ``[B, T]`` -> logits ``[B, T, vocab]`` (a prefill pass, no cache)."""
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) \
-                else type(input_ids).__name__
-            raise ValueError(f"HFQEDModel: `input_ids` must be an integer tensor [B, T], got {got}")
-        out = self.hf_model(input_ids=input_ids.to(self.device), attention_mask=attention_mask, use_cache=False)
-        return out.logits
+    def forward(self, input, return_type: str | None = "logits", loss_per_token: bool = False, *,
+                attention_mask: torch.Tensor | None = None, prepend_bos: bool | None = None,
+                start_at_layer: int | None = None, stop_at_layer: int | None = None, tokens=None) -> torch.Tensor:
+        """``input`` ``[B, T]`` token ids (or a text / list of texts, through :meth:`to_tokens`)
+        -> logits ``[B, T, vocab]`` (a prefill pass, no cache), as ``QEDModel.forward``.
+
+        ``return_type``: ``"logits"``, ``"loss"`` (mean next-token cross-entropy, or ``[B, T - 1]``
+        with ``loss_per_token``), ``"both"`` or ``None``. ``attention_mask`` ``[B, T]`` must pad
+        on the right (left pads would enter the recurrent state); the loss leaves out the targets
+        at and after a pad. ``start_at_layer`` / ``stop_at_layer`` / ``tokens`` are refused by
+        name: transformers' decoder layers have no hook points to stop or start at.
+        """
+        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer), ("tokens", tokens)):
+            if value is not None:
+                raise ValueError(f"HFQEDModel: `{name}` is not supported (an adapted transformers model runs "
+                                 "whole; read hidden states from model.hf_model(ids, output_hidden_states=True))")
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"HFQEDModel: `return_type` must be one of {RETURN_TYPES}, got {return_type!r}")
+        if isinstance(input, (str, list, tuple)):
+            input = self.to_tokens(input, prepend_bos=prepend_bos)
+        if not isinstance(input, torch.Tensor) or input.dim() != 2 or input.is_floating_point():
+            got = f"{input.dtype} {tuple(input.shape)}" if isinstance(input, torch.Tensor) else type(input).__name__
+            raise ValueError(f"HFQEDModel: `input` must be token ids [B, T] (an integer tensor) or text, got {got}")
+        lengths = right_padded_lengths(attention_mask, input.shape)
+        mask = None if attention_mask is None else torch.as_tensor(attention_mask).to(self.device)
+        logits = self.hf_model(input_ids=input.to(self.device), attention_mask=mask, use_cache=False).logits
+        if return_type in ("logits", None):
+            return None if return_type is None else logits
+        loss = next_token_loss(logits, input, lengths, loss_per_token)
+        return loss if return_type == "loss" else (logits, loss)
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
