@@ -19,6 +19,7 @@ pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 from qedprobe.hf import SUPPORTED, UnsupportedModelError, adapt, inject_qed
 from qedprobe.hf.cache import HFActivationCache
 from qedprobe.hf.families import modeling_module_name, routed_functions
+from qedprobe.hf.folder import folder_config, is_transformers_folder
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder
 from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
@@ -407,6 +408,8 @@ def test_device_map_with_disk_offload_equals_one_device(family, tmp_path):
     run, hooks and probes, inject_qed, strength and generate equal the model on one device."""
     hf = tiny_hf(family)
     hf.save_pretrained(tmp_path / "m")
+    assert is_transformers_folder(tmp_path / "m")  # what `qedprobe sweep / eig --model` read
+    assert folder_config(tmp_path / "m", qed_lambda=0.1).lam == ((0.1,) * 4,) * 3
     one = adapt(hf)
     split = adapt(tmp_path / "m", device_map=_offload_map(hf), offload_folder=tmp_path / "offload")
     assert set(split.hf_model.hf_device_map.values()) == {"cpu", "disk"}
@@ -462,3 +465,29 @@ def test_gpu_lambda_zero_matches_transformers_at_4096_tokens(family):
     agree = next((i for i, (a, b) in enumerate(zip(paths["default"][2], ref_tokens)) if a != b), NEW)
     assert paths["ours"][2][:agree] == ref_tokens[:agree]
     assert torch.equal(model(ids), hf(ids).logits)  # free when off: the default path itself
+
+
+@torch.no_grad()
+def test_transformerlens_forward_conventions_on_the_adapted_model():
+    """return_type "loss" / "both" / None (also through run_with_cache), a right-padded mask
+    leaving the pads out of the loss, and what an adapted model cannot do refused by name."""
+    model = inject_qed(adapt(tiny_hf("qwen3_5")), 0.1)
+    ids = hf_ids(t=10)
+    logits = model(ids)
+    logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    loss, cache = model.run_with_cache(ids, return_type="loss")
+    torch.testing.assert_close(loss, -logp.mean())
+    assert cache["e", 0].shape == (2, 10, 4)
+    both_logits, per_token = model(ids, return_type="both", loss_per_token=True)
+    assert torch.equal(both_logits, logits) and torch.equal(per_token, -logp) and model(ids, return_type=None) is None
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    torch.testing.assert_close(model(ids, "loss", attention_mask=mask), -(logp[0].sum() + logp[1, :5].sum()) / 14)
+    for kwargs, match in (({"stop_at_layer": 1}, "`stop_at_layer` is not supported"),
+                          ({"start_at_layer": 1}, "`start_at_layer` is not supported"),
+                          ({"return_type": "probs"}, "`return_type` must be one of"),
+                          ({"attention_mask": mask.flip(1)}, "must pad on the right")):
+        with pytest.raises(ValueError, match=match):
+            model(ids, **kwargs)
+    with pytest.raises(ValueError, match="tokenizer"):
+        model.to_tokens("no tokenizer here")
