@@ -16,8 +16,7 @@ the phase times ends the output.
     python3 bench/profile_sweep.py --tiny --device cpu --length 512 --batch-tokens 2048 --steps 2  # smoke
     python3 bench/profile_sweep.py --inductor-option combo_kernels=true   # an inductor option on top of ours
 
-On the device, from the repository root with the carried wheels (see scripts/h200_model_checks.sh):
-``PYTHONPATH=/tmp/site python3 bench/profile_sweep.py --trace $OUT/prefill_trace.json``.
+A GPU machine without a package index: docs/BENCHMARKS.md, "Running on a rented GPU machine".
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A benchmark measures speed or resources of this tree's code and prints (and, when ``$OUT`` is
 set, writes) its numbers; its table in ``docs/BENCHMARKS.md`` names the command, machine and date.
-Pipelines (training, evaluation, docs tables) and one-off device checks live in ``scripts/``.
+GPU entry points (training and evaluating checkpoints, the GPU tests) and the docs' table generators live in ``scripts/``.
 
 To add a benchmark: put the script in ``bench/`` (runnable as ``python bench/NAME.py [ARGS]``,
 reference timings measured in the same run rather than passed in) and add a :class:`Benchmark`
@@ -44,6 +44,12 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "grouped heads), forward + backward and a decode step, against fla chunk_gdn2 / "
               "fused_recurrent_gdn2 (and chunk_dplr_delta_rule with --dplr) in the same run",
               "cuda", ("kernels.json",)),
+    Benchmark("hf_models", "hf_models.py",
+              "qed_chunk / qed_recurrent with the gates real models have (Gated DeltaNet's per-head g and "
+              "beta, 16 / 32 / 64 value heads; KDA's per-channel g) against fla chunk_gated_delta_rule, "
+              "chunk_kda and fused_recurrent_gated_delta_rule (FlashQLA where installed), time and peak "
+              "memory, in the same run; the adapted decoder against the native one",
+              "cuda", ("hf_models.json",)),
     Benchmark("recurrent_decode", "recurrent_decode.py",
               "qed_recurrent per decode step (do_bench, CUDA-graph replay, host time) against fla "
               "fused_recurrent_gdn2, and the launch-configuration sweep (--host-only: the host paths "

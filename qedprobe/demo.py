@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from qedprobe.cliutil import fail
 from qedprobe.lam import random_directions
 from qedprobe.ops import ARMS, qed_naive
 
@@ -48,19 +47,3 @@ def probe_table(B=2, T=256, H=4, K=32, V=32, lam=0.2, seed=0) -> list[str]:
         lines.append(f"| {arm} | {p['rho'].mean():+.4f} | {p['Sd'].norm(dim=-1).mean():.4f} | "
                      f"{p['e'].min():.4f} | {p['e'].max():.4f} | {(o - o_ref).abs().mean():.2e} |")
     return lines
-
-
-def run(args) -> int:
-    if args.tokens < 1:
-        return fail("demo", f"--tokens must be >= 1, got {args.tokens}")
-    print("\n".join(worked_example()))
-    print()
-    print("\n".join(probe_table(T=args.tokens, seed=args.seed)))
-    return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="worked example + probe table of a random QED layer per arm")
-    p.add_argument("--tokens", type=int, default=256, help="tokens per sequence in the probe table")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.set_defaults(func=run)

@@ -6,6 +6,10 @@ All ops share one signature::
                                 scale=None, initial_state=None, output_final_state=False,
                                 return_probes=False, use_qk_l2norm=True, cu_seqlens=None)
 
+The gates ``g, b, w`` are per channel (``[B, T, HV, K]`` / ``[B, T, HV, V]``) or one scalar per
+token and value head (``[B, T, HV]``: Gated DeltaNet's decay and ``beta``; KDA's ``beta`` with a
+per-channel ``g``), read as given (no broadcast copy) by every op.
+
 * ``qed_naive``: plain PyTorch token loop, float64-capable, differentiable: the oracle.
 * ``qed_chunk_torch``: the chunk algorithm in plain PyTorch, differentiable: the CPU path.
 * ``qed_chunk``: chunked Triton forward (prefill) with a Triton backward.  [kernels/qed/chunk*.py]
@@ -17,8 +21,11 @@ All ops share one signature::
 """
 from __future__ import annotations
 
+import torch
+
 from qedprobe.kernels.qed import (ARMS, LAMBDA_BOUND, PROJECTED_ARMS, qed_chunk, qed_chunk_torch, qed_naive,
                                   qed_recurrent, value_checks)
+from qedprobe.kernels.qed.inputs import QEDOutput
 
 OPS = {"naive": qed_naive, "torch": qed_chunk_torch, "chunk": qed_chunk, "recurrent": qed_recurrent}
 MODES = ("auto", *OPS)
@@ -27,12 +34,22 @@ __all__ = ["ARMS", "LAMBDA_BOUND", "MODES", "PROJECTED_ARMS", "qed_attention", "
            "qed_recurrent", "value_checks"]
 
 
-def qed_attention(q, k, v, g, b, w, lam, *, mode="auto", inplace_final_state=False, **kwargs):
+def qed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                  w: torch.Tensor, lam: torch.Tensor, *, mode: str = "auto", inplace_final_state: bool = False,
+                  **kwargs) -> QEDOutput:
     """Run the QED recurrence with the best op for the tensors' device (see module docstring).
 
-    ``mode``: ``"auto"`` (default), or force ``"naive"``, ``"torch"``, ``"chunk"`` or ``"recurrent"``.
-    Keyword arguments are those of ``qed_naive``; ``inplace_final_state`` is passed to
-    ``qed_recurrent``, the one op that has it (a ValueError names the mode where another op runs).
+    Args:
+        q, k, v, g, b, w, lam: as ``qed_naive`` (``q, k`` ``[B, T, H, K]``, ``v`` ``[B, T, HV, V]``;
+            the gates ``g, b, w`` per channel or ``[B, T, HV]``, one scalar per value head).
+        mode: ``"auto"`` (default), or force ``"naive"``, ``"torch"``, ``"chunk"`` or ``"recurrent"``.
+        inplace_final_state: passed to ``qed_recurrent``, the one op that has it (a ValueError
+            names the mode where another op runs).
+        **kwargs: the keyword arguments of ``qed_naive`` (``arm, z, d, scale, initial_state,
+            output_final_state, return_probes, use_qk_l2norm, cu_seqlens``).
+
+    Returns:
+        ``(o, final_state, probes)`` of the op that ran.
     """
     if mode not in MODES:
         raise ValueError(f"qed_attention: `mode` must be one of {MODES}, got {mode!r}")
@@ -47,4 +64,11 @@ def qed_attention(q, k, v, g, b, w, lam, *, mode="auto", inplace_final_state=Fal
             raise ValueError(f"qed_attention: `inplace_final_state=True` needs the recurrent op (CUDA tensors, "
                              f"one token per sequence, mode 'auto' or 'recurrent'); this call runs {mode!r}")
         kwargs["inplace_final_state"] = True
-    return OPS[mode](q, k, v, g, b, w, lam, **kwargs)
+    op = OPS[mode]
+    try:
+        return op(q, k, v, g, b, w, lam, **kwargs)
+    except ValueError as err:  # the op's checks name the op; the caller called qed_attention
+        text = str(err)
+        if not text.startswith(f"{op.__name__}: "):
+            raise
+        raise ValueError(f"qed_attention (mode {mode!r}): {text.removeprefix(f'{op.__name__}: ')}") from None

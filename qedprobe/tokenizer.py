@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 
+from tokenizers import Tokenizer
+
 __all__ = ["ByteTokenizer", "HFTokenizer", "chat_prompt", "load_tokenizer", "TokenizerError"]
 
 
@@ -79,7 +81,6 @@ class HFTokenizer:
             if not os.path.isfile(tj):
                 raise TokenizerError(f"cannot load a tokenizer from {path!r}: {err}")
             try:
-                from tokenizers import Tokenizer
                 self._tok = Tokenizer.from_file(tj)
             except Exception as exc:  # noqa: BLE001
                 raise TokenizerError(f"cannot read {tj!r}: {exc}") from exc

@@ -1,11 +1,12 @@
-# Sourced by the device scripts (scripts/h200_*.sh): install the wheels of .whl/ (made here by
-# scripts/device_wheels.sh) once per machine into /tmp/site-<digest of the wheel set> and put that
+# Source this on a GPU machine that reaches no package index (docs/BENCHMARKS.md, "Running on a
+# rented GPU machine"): it installs the wheels of .whl/ (made by scripts/device_wheels.sh where an
+# index is reachable) once per machine into /tmp/site-<digest of the wheel set> and puts that
 # folder, alone, on PYTHONPATH. A warm machine keeps the folder between calls, so a second script
-# in the same lease installs nothing; a changed wheel set gets a new folder, so a process still
+# on the same machine installs nothing; a changed wheel set gets a new folder, so a process still
 # running from the old one (a detached training run) is never pulled out from under. Exports
 # QEDPROBE_COMMIT (the wheel's commit, .whl/BUILD) for the model cards.
 _wheels="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.whl"
-ls "$_wheels"/*.whl > /dev/null 2>&1 || { echo "no wheels in $_wheels: run scripts/device_wheels.sh here and carry .whl"; return 1; }
+ls "$_wheels"/*.whl > /dev/null 2>&1 || { echo "no wheels in $_wheels: run scripts/device_wheels.sh where a package index is reachable and copy .whl/ here"; return 1; }
 _site=/tmp/site-$(cd "$_wheels" && md5sum -- *.whl | md5sum | cut -c1-12)
 if [[ ! -f $_site/.complete ]]; then
     rm -rf "$_site"

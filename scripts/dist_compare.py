@@ -1,4 +1,4 @@
-"""Compare what one GPU and N GPUs wrote (scripts/h200_distributed.sh); prints one JSON line and
+"""Compare what one GPU and N GPUs wrote (scripts/distributed_check.sh); prints one JSON line and
 exits 1 when they disagree beyond the stated tolerance.
 
     python scripts/dist_compare.py rows  SWEEP_1 SWEEP_N     # same rows, same predictions

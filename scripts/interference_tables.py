@@ -2,7 +2,7 @@
 
     python scripts/interference_tables.py EVAL REPORTS [--checkpoints checkpoints]
 
-EVAL is the folder `scripts/h200_interference_eval.sh` wrote (``<name>/<cell>/summary.json``,
+EVAL is the folder `scripts/eval_checkpoints.sh --cells interference` wrote (``<name>/<cell>/summary.json``,
 ``<name>/eig/eig.json``); REPORTS holds one ``qedprobe report`` folder per
 seed and cell, ``seed<n>-<cell>/report.json``, with the sweeps labelled by arm and the baseline
 ``gdn2``. Prints:

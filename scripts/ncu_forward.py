@@ -8,7 +8,6 @@ stalls): where the prep kernel's bandwidth goes, against fla's norm and cumsum k
         python3 scripts/ncu_forward.py [--no-fla]
 
 Every kernel runs once first (compiles, fla's autotuning of its forward), outside the range.
-``scripts/h200_kernels.sh`` with ``PARTS=ncu`` runs it on the device.
 """
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """Markdown tables for docs/RESULTS.md from the shipped checkpoints and their measurements.
 
-    python scripts/results_tables.py docs/results/gpu-2026-11-30 [--checkpoints checkpoints]
-    python scripts/results_tables.py docs/results/gpu-recall-2026-11-30 --prefix recall-
+    python scripts/results_tables.py RESULTS [--checkpoints checkpoints] [--prefix recall-]
+
+e.g. for the recall checkpoints, whose raw results are in git at c4b33d1 (docs/RESULTS.md):
+
+    git archive c4b33d1 docs/results/gpu-recall-2026-11-30 | tar -x -C /tmp
+    python scripts/results_tables.py /tmp/docs/results/gpu-recall-2026-11-30 --prefix recall-
 
 Reads, for every ``<arm>-s<seed>`` folder of the results directory, ``loss.jsonl.gz`` (the
 training log), ``sweep/summary.csv`` and ``eig/eig.json`` (written by

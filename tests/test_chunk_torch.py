@@ -73,3 +73,11 @@ def test_dispatcher_refuses_an_in_place_state_where_the_recurrent_op_does_not_ru
     h0 = torch.zeros(1, 2, 8, 8, dtype=F64)
     with pytest.raises(ValueError, match="needs the recurrent op.*'naive'"):
         qed_attention(*op_args(x), initial_state=h0, output_final_state=True, inplace_final_state=True)
+
+
+def test_dispatcher_errors_name_the_function_called_and_the_op_it_ran():
+    x = make_inputs(B=1, T=9, seed=35)
+    x["lam"] = x["lam"][:1]
+    with pytest.raises(ValueError, match=r"^qed_attention \(mode 'torch'\): `lam`") as err:
+        qed_attention(*op_args(x))
+    assert "qed_chunk_torch" not in str(err.value)

@@ -15,7 +15,7 @@ from qedprobe.tasks import NIAHTask
 from qedprobe.tokenizer import load_tokenizer
 from qedprobe.train import TrainConfig, TrainData, train
 from qedprobe.train.bpe import SPECIAL, train_tokenizer
-from qedprobe.train.commands import config_from_args, register as register_train
+from qedprobe.cli.train import config_from_args, register as register_train
 from qedprobe.train.data import Component, key_tokens
 from qedprobe.train.trainer import token_weights
 

@@ -12,7 +12,8 @@ pytest.importorskip("transformer_lens", reason="the hooked model needs transform
 
 from qedprobe.lam import random_directions
 from qedprobe.model import QEDConfig, QEDModel, strength
-from qedprobe.model.convert import convert, register
+from qedprobe.cli.convert import register
+from qedprobe.model.convert import convert
 
 from helpers import ids, tiny
 

@@ -13,7 +13,7 @@ from qedprobe.tasks import make_task
 from qedprobe.model import QEDModel
 from qedprobe.train import TrainConfig, TrainData, WSD, read_log, train
 from qedprobe.train import opcheck, trainer
-from qedprobe.train.commands import config_from_args, register
+from qedprobe.cli.train import config_from_args, register
 from qedprobe.train.schedule import wsd_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -356,8 +356,8 @@ def test_interference_checkpoint_matches_the_asked_key(tmp_path):
     """The shipped QED checkpoint interference-full-s0 writes the asked needle's value on MK-NIAH
     (4 needles in noise, 1K tokens, 12 prompts) far above the 1/4 of a model that copies some
     needle, and falls to that level or below when the question asks a key that no needle has
-    (the foreign-key control, same prompts otherwise): it matches keys (docs/RESULTS.md, "Key
-    matching at the training length")."""
+    (the foreign-key control, same prompts otherwise): it matches keys (docs/RESULTS.md, "Interference
+    checkpoints")."""
     from qedprobe.eval import SweepSpec, run_sweep
     from qedprobe.tasks.control import ForeignKeyTask
     from qedprobe.tasks import NIAHTask

@@ -6,7 +6,10 @@ The recurrence is the one written out at the top of ``naive.py``, with the resid
 Shapes (fla's GDN-2 convention): ``q, k`` ``[B, T, H, K]``; ``v, w`` ``[B, T, HV, V]``; ``g, b``
 ``[B, T, HV, K]``; ``lam`` ``[HV]`` or ``[B, T, HV]``; states ``[N, HV, K, V]`` (float32,
 float64 for float64 inputs); ``o`` like ``v``; ``HV = m H``, value head ``j`` reads query/key
-head ``j // m``.
+head ``j // m``. Any of ``g, b, w`` may be one scalar per token and value head, ``[B, T, HV]``
+(Gated DeltaNet's gates; KDA's ``beta`` and write gate): the kernels that read it load one
+scalar per row and broadcast it in registers (``chunk_common.gate_tile``), nothing is expanded
+in memory.
 
 Chunk algorithm (chunks of ``BT = 64`` tokens; ``G`` = inclusive cumsum of ``g`` inside the
 chunk, per channel; ``S0`` the chunk-start state)::
@@ -46,6 +49,7 @@ launches at the forward's precision, then three backward launches.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +59,13 @@ from torch.autograd.function import once_differentiable
 from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
+from .chunk_head import chunk_head_scores_fwd
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
-from .inputs import QEDProblem, check_qed_inputs, on_input_device
+from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device
+
+Tensor = torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,8 @@ def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayo
                     probes: bool) -> IntraChunk:
     """The four intra-chunk launches (prep, scores, inverse, W/U) on contiguous ``v, w, g``."""
     prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
-    scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    scores_fwd = chunk_head_scores_fwd if g.dim() == 3 else chunk_scores_fwd
+    scores = scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
     return IntraChunk(prep=prep, aqk=scores.aqk, adk=scores.adk, ai=ai, wy=wy)
@@ -196,21 +204,50 @@ class _QEDChunkFunction(torch.autograd.Function):
                                    states, r, do, dht))
 
 
-@on_input_device
-def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
-              output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
-    """Chunked Triton QED op; same arguments, results and dtypes as ``qed_naive``.
+def channel_gates_for_backward(P: QEDProblem, g, b, w):
+    """``(P, g, b, w)`` with every per-head gate ``[B, T, HV]`` broadcast to its per-channel shape
+    (an ``expand`` view; the kernels' inputs are then copied contiguous): the backward kernels
+    take per-channel gates only, so a differentiable call with per-head gates runs the per-channel
+    path, and autograd through the ``expand`` sums each gate's gradient over its channels."""
+    if not (P.head_g or P.head_b or P.head_w):
+        return P, g, b, w
+    widen = lambda x, head, n: x.unsqueeze(-1).expand(*x.shape, n) if head else x  # noqa: E731
+    return (dataclasses.replace(P, head_g=False, head_b=False, head_w=False), widen(g, P.head_g, P.K),
+            widen(b, P.head_b, P.K), widen(w, P.head_w, P.V))
 
-    Returns ``(o, final_state, probes)``: ``o`` ``[B, T, HV, V]`` in ``v``'s dtype, the final
-    state ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}``
-    (per value head) in the state dtype. Requires CUDA tensors (or ``TRITON_INTERPRET=1`` on CPU).
-    Grouped value heads (``HV = m H``) as ``qed_naive``; the gradients of ``q, k`` sum over each
-    group.
+
+@on_input_device
+def qed_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, lam: Tensor, *, arm: str = "full",
+              z: Tensor | None = None, d: Tensor | None = None, scale: float | None = None,
+              initial_state: Tensor | None = None, output_final_state: bool = False, return_probes: bool = False,
+              use_qk_l2norm: bool = True, cu_seqlens: Tensor | None = None) -> QEDOutput:
+    """Chunked Triton QED op (prefill); same arguments, results and dtypes as ``qed_naive``.
+
+    Requires CUDA tensors (or ``TRITON_INTERPRET=1`` on CPU); ``K, V <= 256`` (``<= 128`` for
+    float64 on a GPU).
+
+    Args:
+        q, k: ``[B, T, H, K]`` queries and keys.
+        v: ``[B, T, HV, V]`` values, ``HV = m H`` (value head ``j`` reads query/key head ``j // m``).
+        g: log-decay ``[B, T, HV, K]``, or ``[B, T, HV]`` (one scalar per value head).
+        b: erase gate ``[B, T, HV, K]`` or ``[B, T, HV]``.
+        w: write gate ``[B, T, HV, V]`` or ``[B, T, HV]``.
+        lam: strength ``[HV]`` or ``[B, T, HV]``.
+        arm, z, d, scale, initial_state, output_final_state, return_probes, use_qk_l2norm,
+            cu_seqlens: as ``qed_naive``.
+
+    Returns:
+        ``(o, final_state, probes)``: ``o`` ``[B, T, HV, V]`` in ``v``'s dtype, the final state
+        ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}``
+        (per value head) in the state dtype (float32; float64 for float64 inputs).
 
     Differentiable (Triton backward, ``chunk_bwd.py``) when grad mode is on and any of ``q, k,
     v, g, b, w, lam, d, initial_state`` requires grad: gradients of ``o`` and the final state
-    reach all of them (``lam`` per head or per token, ``d`` when given). ``z`` is a fixed buffer
-    (no gradient); probes are forward-only observations (no gradient flows through them).
+    reach all of them (``lam`` per head or per token, ``d`` when given; the gradients of ``q, k``
+    sum over each group). ``z`` is a fixed buffer (no gradient); probes are forward-only
+    observations (no gradient flows through them). The backward takes per-channel gates: a
+    differentiable call with per-head gates runs the per-channel path on broadcast copies
+    (:func:`channel_gates_for_backward`); without gradients they are read as scalars.
     """
     P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
@@ -223,7 +260,8 @@ def qed_chunk(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, 
                          "use qed_naive or float32 inputs")
     diff = (q, k, v, g, b, w, lam, d, initial_state)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in diff):
+        P, g, b, w = channel_gates_for_backward(P, g, b, w)
         opts = (P, arm, z, output_final_state, return_probes, use_qk_l2norm, cu_seqlens)
-        return _QEDChunkFunction.apply(opts, *diff)
+        return _QEDChunkFunction.apply(opts, q, k, v, g, b, w, lam, d, initial_state)
     return _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
                     use_qk_l2norm, cu_seqlens)[:3]

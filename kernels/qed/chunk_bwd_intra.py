@@ -55,7 +55,7 @@ WY_BWD_BVS = 16
 WY_BWD_WARPS = 4
 """Key slice, value slice and warps of ``qed_bwd_wy_kernel``. Four warps, not eight: Triton 3.6's
 sm_90 build of the eight-warp kernel reads shared memory out of bounds (float32) or gives wrong
-``dv, dw, dA_kk`` (bf16), found with ``scripts/h200_bwd_configs.sh`` (docs/BENCHMARKS.md)."""
+``dv, dw, dA_kk`` (bf16), found by a launch screen on an H200 (CHANGELOG.md, "Measurement history")."""
 
 SCORES_BWD_BKS = 32
 SCORES_BWD_WARPS = 4

@@ -31,7 +31,7 @@ are read in the same ``[BT, 64]`` pieces, so no tile spans all of K."""
 STATE_BV = 32
 STATE_WARPS = 4
 """Value block and warps of the reverse scan. Four warps, not eight: with eight, Triton 3.6's sm_90
-build gives wrong state gradients at bf16 (``scripts/h200_bwd_configs.sh``, docs/BENCHMARKS.md)."""
+build gives wrong state gradients at bf16 (CHANGELOG.md, "Measurement history")."""
 
 
 @triton.jit

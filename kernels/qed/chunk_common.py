@@ -119,6 +119,29 @@ def store_tile(ptr, x, rows, m_r, cols, m_c, stride):
 
 
 @triton.jit
+def gate_head(ptr, i_hv, N: tl.constexpr, HEAD: tl.constexpr):
+    """A gate's pointer moved to value head ``i_hv``: channel ``i_hv * N`` of a per-channel
+    ``[B * T, HV, N]`` gate, or element ``i_hv`` of a per-head ``[B * T, HV]`` one (``HEAD``)."""
+    if HEAD:
+        out = ptr + i_hv
+    else:
+        out = ptr + i_hv * N
+    return out
+
+
+@triton.jit
+def gate_tile(ptr, rows, m_r, cols, m_c, HV: tl.constexpr, N: tl.constexpr, HEAD: tl.constexpr, DT: tl.constexpr):
+    """The ``[rows, cols]`` tile of a gate (``ptr`` moved by :func:`gate_head`) as ``DT``: per channel
+    (row stride ``HV * N``), or a per-head gate's one scalar per row broadcast over the columns
+    (``HEAD``: row stride ``HV``, each row's lanes reading the same element), masked to 0."""
+    if HEAD:
+        out = tl.load(ptr + rows[:, None] * HV + cols[None, :] * 0, mask=m_r[:, None] & m_c[None, :], other=0.).to(DT)
+    else:
+        out = load_tile(ptr, rows, m_r, cols, m_c, HV * N, DT)
+    return out
+
+
+@triton.jit
 def channel_slice(i, BS: tl.constexpr, N):
     """Slice ``i`` of ``BS`` channels of an ``N``-channel axis: ``(cols, mask)``."""
     cols = i * BS + tl.arange(0, BS)

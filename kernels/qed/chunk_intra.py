@@ -13,6 +13,10 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
    (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
    and ``dg = d exp(G)``; for the backward (``HATS``) also ``scale q``, ``k`` and ``a`` (the
    backward's scores kernel loads them instead of rebuilding them; the forward does not write them).
+   A per-head decay (``g`` ``[B, T, HV]``, ``G_HEAD``) is read once per row: ``G``, ``exp(G)``,
+   ``exp(G_last - G)`` and the chunk decay are per row, ``G`` is stored ``[B, T, HV]`` and
+   ``exp(G_last)`` ``[NC, HV]`` (the scores then come from ``chunk_head.py``). A per-head ``b``
+   (``B_HEAD``) is one scalar per row broadcast over the slice (``chunk_common.gate_tile``).
 
 Both passes walk the key slices with the next slice's loads issued before the current slice's
 work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
@@ -49,7 +53,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, exp, load_tile, store_tile
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, exp, gate_head, gate_tile,
+                           load_tile, store_tile)
 
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
@@ -121,14 +126,15 @@ def raw_direction(q, b_b, z, d_in, rows, m_r, cols, m_c, HV: tl.constexpr, K: tl
 
 
 @triton.jit
-def _slice_rows(q, k, b, rows, m_r, i_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                BKS: tl.constexpr):
-    """Key slice ``i_k`` of the raw ``q, k`` (query/key head) and ``b`` rows, in their stored dtype
-    (held across a loop iteration as a prefetch, converted where used)."""
+def slice_rows(q, k, b, rows, m_r, i_k, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                BKS: tl.constexpr, B_HEAD: tl.constexpr):
+    """Key slice ``i_k`` of the raw ``q, k`` (query/key head) and ``b`` rows (a per-head ``b``
+    broadcast over the slice), in their stored dtype (held across a loop iteration as a prefetch,
+    converted where used)."""
     cols, m_c = channel_slice(i_k, BKS, K)
     return (load_tile(q, rows, m_r, cols, m_c, H * K, q.dtype.element_ty),
             load_tile(k, rows, m_r, cols, m_c, H * K, k.dtype.element_ty),
-            load_tile(b, rows, m_r, cols, m_c, HV * K, b.dtype.element_ty))
+            gate_tile(b, rows, m_r, cols, m_c, HV, K, B_HEAD, b.dtype.element_ty))
 
 
 @triton.jit
@@ -209,15 +215,16 @@ def row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr
 
 
 @triton.jit
-def _head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr):
-    """The direction inputs moved to value head ``i_hv`` (``q, k`` to its query/key head).
+def head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, B_HEAD: tl.constexpr):
+    """The direction inputs moved to value head ``i_hv`` (``q, k`` to its query/key head; ``b``
+    per channel or per head, :func:`gate_head`).
 
     The optional ``z`` and ``d_in`` are moved by the caller: a Triton function cannot return an
     absent (``None``) pointer."""
     i_h = i_hv // (HV // H)
     q += i_h * K
     k += i_h * K
-    b += i_hv * K
+    b = gate_head(b, i_hv, K, B_HEAD)
     lam += i_hv
     return q, k, b, lam
 
@@ -228,6 +235,8 @@ def _head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.
     "PROBES": lambda args: args["rho"] is not None,
     "HATS": lambda args: args["kh"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+    "G_HEAD": lambda args: args["g"].dim() == 3,
+    "B_HEAD": lambda args: args["b"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_prep_kernel(
@@ -237,12 +246,12 @@ def qed_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
-    HATS: tl.constexpr,
+    HATS: tl.constexpr, G_HEAD: tl.constexpr, B_HEAD: tl.constexpr,
 ):
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
-    q, k, b, lam = _head_pointers(q, k, b, lam, i_hv, H, HV, K)
+    q, k, b, lam = head_pointers(q, k, b, lam, i_hv, H, HV, K, B_HEAD)
     if z is not None:
         z += i_hv * K
     if d_in is not None:
@@ -257,10 +266,10 @@ def qed_prep_kernel(
     kq = tl.zeros([BT], dtype=DT)
     bkk = tl.zeros([BT], dtype=DT)
     kx = tl.zeros([BT], dtype=DT)
-    r_q, r_k, r_b = _slice_rows(q, k, b, rows, m_t, 0, H, HV, K, BKS)
+    r_q, r_k, r_b = slice_rows(q, k, b, rows, m_t, 0, H, HV, K, BKS, B_HEAD)
     for i_k in range(NK):
         cols, m_c = channel_slice(i_k, BKS, K)
-        n_q, n_k, n_b = _slice_rows(q, k, b, rows, m_t, (i_k + 1) % NK, H, HV, K, BKS)
+        n_q, n_k, n_b = slice_rows(q, k, b, rows, m_t, (i_k + 1) % NK, H, HV, K, BKS, B_HEAD)
         b_q, b_k, b_b = r_q.to(DT), r_k.to(DT), r_b.to(DT)
         s_qq, s_kk, s_kq, s_bkk, s_kx = _stats(b_q, b_k, b_b, raw_direction(b_q, b_b, z, d_in, rows, m_t, cols, m_c, HV,
                                                                             K, DIR_SOURCE, DIR_GATED, DT))
@@ -271,10 +280,21 @@ def qed_prep_kernel(
         kx += s_kx
         r_q, r_k, r_b = n_q, n_k, n_b
     off = i_hv * K
-    cols, m_c = channel_slice(0, BKS, K)
-    r_g = load_tile(g + off, rows, m_t, cols, m_c, HV * K, DT)
-    b_rq, b_rk, b_c, b_rho, b_e = _scalars(qq, kk, kq, bkk, kx, lam_f, L2NORM, DIR_SOURCE, DIR_PROJECTED)
     p_row = rows * HV + i_hv
+    if G_HEAD:  # one decay per row: G, its exponentials and the chunk decay once, as [BT, 1] columns
+        g += i_hv
+        g1 = tl.load(g + rows * HV, mask=m_t, other=0.).to(DT)
+        G1 = tl.cumsum(g1, 0)
+        gl1 = tl.sum(g1, 0)
+        tl.store(gc + p_row, G1.to(gc.dtype.element_ty), mask=m_t)
+        tl.store(gl + i_g * HV + i_hv, exp(gl1).to(gl.dtype.element_ty))
+        ex_q = exp(G1)[:, None]
+        ex_k = exp(gl1 - G1)[:, None]
+    else:
+        g += i_hv * K
+        cols, m_c = channel_slice(0, BKS, K)
+        r_g = load_tile(g, rows, m_t, cols, m_c, HV * K, DT)
+    b_rq, b_rk, b_c, b_rho, b_e = _scalars(qq, kk, kq, bkk, kx, lam_f, L2NORM, DIR_SOURCE, DIR_PROJECTED)
     tl.store(rq + p_row, b_rq.to(rq.dtype.element_ty), mask=m_t)
     tl.store(rk + p_row, b_rk.to(rk.dtype.element_ty), mask=m_t)
     tl.store(cp + p_row, b_c.to(cp.dtype.element_ty), mask=m_t)
@@ -287,19 +307,25 @@ def qed_prep_kernel(
     for i_k in range(NK):
         cols, m_c = channel_slice(i_k, BKS, K)
         i_n = tl.minimum(i_k + 1, NK - 1)
-        n_q, n_k, n_b = _slice_rows(q, k, b, rows, m_t, i_n, H, HV, K, BKS)
-        c_n, m_n = channel_slice(i_n, BKS, K)
-        n_g = load_tile(g + off, rows, m_t, c_n, m_n, HV * K, DT)
+        n_q, n_k, n_b = slice_rows(q, k, b, rows, m_t, i_n, H, HV, K, BKS, B_HEAD)
         b_q, b_k, b_a, b_d = erase_tiles(r_q.to(DT), r_k.to(DT), r_b.to(DT), z, d_in, rows, m_t, cols, m_c, b_rq,
                                          b_rk, b_c, lam_f, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        b_G = tl.cumsum(r_g, 0)
-        b_glast = tl.sum(r_g, 0)
-        b_ex = exp(b_G)
-        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
-        store_tile(kg + off, b_k * exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
+        if G_HEAD:
+            b_ex = ex_q
+            b_kd = ex_k
+        else:
+            c_n, m_n = channel_slice(i_n, BKS, K)
+            n_g = load_tile(g, rows, m_t, c_n, m_n, HV * K, DT)
+            b_G = tl.cumsum(r_g, 0)
+            b_glast = tl.sum(r_g, 0)
+            b_ex = exp(b_G)
+            b_kd = exp(b_glast[None, :] - b_G)
+            store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
+            tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
+            r_g = n_g
+        store_tile(kg + off, b_k * b_kd, rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
-        tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
@@ -307,7 +333,7 @@ def qed_prep_kernel(
             store_tile(qs + off, b_q * scale, rows, m_t, cols, m_c, HV * K)
             store_tile(kh + off, b_k, rows, m_t, cols, m_c, HV * K)
             store_tile(a_out + off, b_a, rows, m_t, cols, m_c, HV * K)
-        r_q, r_k, r_b, r_g = n_q, n_k, n_b, n_g
+        r_q, r_k, r_b = n_q, n_k, n_b
 
 
 @dataclass(frozen=True)
@@ -333,7 +359,8 @@ class Prepared:
     """What ``qed_prep_kernel`` writes. Per row ``[B, T, HV]`` (state dtype): ``rq, rk`` (norm
     factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``gc``
     (``G``, state dtype), ``kg``, ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
-    ``[NC, HV, K]`` (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
+    ``[NC, HV, K]`` (``exp(G_last)``). With a per-head ``g`` (``[B, T, HV]``) ``G`` is per row,
+    ``gc`` ``[B, T, HV]``, and ``gl`` ``[NC, HV]``. Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype. For the backward (``hats``, else ``None``): ``qs = scale
     q_hat``, ``kh = k_hat`` and the erase vector ``a``, ``[B, T, HV, K]`` in the state dtype."""
 
@@ -358,13 +385,18 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
                    inter_dtype: torch.dtype, probes: bool, hats: bool = False) -> Prepared:
     """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs; ``qs, kh,
     a`` are written only with ``hats`` (the backward's rerun of the prep, for its scores kernel)."""
-    B, T, HV, K = g.shape
+    B, T, HV = g.shape[:3]
+    K = x.q.shape[-1]
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
     bk = lambda dt: torch.empty(B, T, HV, K, device=dev, dtype=dt)  # noqa: E731
-    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct), kg=bk(inter_dtype),
+    head_g = g.dim() == 3
+    if head_g and hats:
+        raise ValueError("chunk_prep_fwd: the backward's outputs (hats) need a per-channel `g`: the backward "
+                         "kernels read G per channel (qed_chunk broadcasts per-head gates before a backward)")
+    out = Prepared(rq=row(), rk=row(), cp=row(), gc=row() if head_g else bk(ct), kg=bk(inter_dtype),
                    qg=bk(inter_dtype), ag=bk(inter_dtype),
-                   gl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
+                   gl=torch.empty(lay.NC, HV, *(() if head_g else (K,)), device=dev, dtype=ct),
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
                    e=row() if probes else None, d=bk(ct) if probes else None,
                    qs=bk(ct) if hats else None, kh=bk(ct) if hats else None, a=bk(ct) if hats else None)
@@ -391,14 +423,14 @@ def _span_rows(gc, r_s, r_e, i_k, HV: tl.constexpr, K: tl.constexpr, BKS: tl.con
 
 @triton.jit
 def _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s, i_k, H: tl.constexpr, HV: tl.constexpr,
-                 K: tl.constexpr, BKS: tl.constexpr, DIR_SOURCE: tl.constexpr):
+                 K: tl.constexpr, BKS: tl.constexpr, DIR_SOURCE: tl.constexpr, B_HEAD: tl.constexpr):
     """Every load the scores kernel makes for key slice ``i_k``, in the stored dtypes (held across
     a loop iteration as a prefetch, converted where used; past the last slice the loads are
     masked off and read nothing): ``G`` at the reference row (``[BKS]``), ``G`` and the raw ``k``
     of the key rows ``rows`` (``[BT, BKS]``, mask ``jm``), ``G`` and the raw ``q, k, b`` of the
     block's rows ``r_i`` (``[BC, BKS]``) and the direction source of those rows."""
     cols, m_c = channel_slice(i_k, BKS, K)
-    r_q, r_k, r_b = _slice_rows(q, k, b, r_i, m_i, i_k, H, HV, K, BKS)
+    r_q, r_k, r_b = slice_rows(q, k, b, r_i, m_i, i_k, H, HV, K, BKS, B_HEAD)
     return (tl.load(gc + r_s * (HV * K) + cols, mask=m_c, other=0.),
             load_tile(gc, rows, jm, cols, m_c, HV * K, gc.dtype.element_ty),
             load_tile(k, rows, jm, cols, m_c, H * K, k.dtype.element_ty),
@@ -432,6 +464,7 @@ def _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, 
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["adk"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+    "B_HEAD": lambda args: args["b"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scores_kernel(
@@ -441,7 +474,7 @@ def qed_scores_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BKS: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr,
     PREC: tl.constexpr, SPAN: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PROBES: tl.constexpr,
+    PROBES: tl.constexpr, B_HEAD: tl.constexpr,
 ):
     """Row block ``i_i`` (``BC`` tokens) of one chunk's ``A_qk, A_kk, A_dk``, grid ``(chunks x
     BT // BC, B * HV)`` with the row blocks of a chunk next to each other in axis 0: they read the
@@ -455,7 +488,7 @@ def qed_scores_kernel(
     r_s = c0 + i_i * BC                          # reference row: the block's first
     if r_s >= eos:
         return
-    q, k, b, lam = _head_pointers(q, k, b, lam, i_hv, H, HV, K)
+    q, k, b, lam = head_pointers(q, k, b, lam, i_hv, H, HV, K, B_HEAD)
     if z is not None:
         z += i_hv * K
     if d_in is not None:
@@ -477,7 +510,7 @@ def qed_scores_kernel(
     NK: tl.constexpr = (K + BKS - 1) // BKS
     # slice 0's loads first: in flight during the span pass
     p_gs, p_Gf, p_kf, p_Gi, p_q, p_k, p_b, p_x = _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s, 0,
-                                                              H, HV, K, BKS, DIR_SOURCE)
+                                                              H, HV, K, BKS, DIR_SOURCE, B_HEAD)
     # the block's decay span, max over all K (one reduction); each iteration first issues the
     # next slice's loads
     span = tl.zeros([BKS], dtype=DT)
@@ -494,7 +527,7 @@ def qed_scores_kernel(
     for i_k in range(NK):
         cols, m_c = channel_slice(i_k, BKS, K)
         n_gs, n_Gf, n_kf, n_Gi, n_q, n_k, n_b, n_x = _score_slice(q, k, b, z, d_in, gc, rows, jm, r_i, m_i, r_s,
-                                                                  i_k + 1, H, HV, K, BKS, DIR_SOURCE)
+                                                                  i_k + 1, H, HV, K, BKS, DIR_SOURCE, B_HEAD)
         gs = p_gs.to(DT)
         G_f = p_Gf.to(DT)
         k_f = p_kf.to(DT) * rk_f[:, None]

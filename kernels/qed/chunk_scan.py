@@ -32,20 +32,24 @@ from .chunk_common import BT, ChunkLayout, chunk_at, chunk_rows, scan_program, s
 @triton.jit
 def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, hs, r,
                 HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, STORE_R: tl.constexpr,
-                DT: tl.constexpr, PREC: tl.constexpr):
+                DT: tl.constexpr, PREC: tl.constexpr, G_HEAD: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
-    pointers are already moved to value head ``i_hv``."""
+    pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
+    (``[NC, HV, K]``) or, for a per-head decay (``G_HEAD``), one scalar (``[NC, HV]``)."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
              S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     b_w = tl.load(w + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
     b_kg = tl.load(kg + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
     b_u = tl.load(u + rows[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.).to(DT)
-    b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)
+    if G_HEAD:
+        b_gl = tl.load(gl + (c0 + i_t) * HV + i_hv).to(DT)
+    else:
+        b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)[:, None]
     b_r = (b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)).to(b_w.dtype)
     if STORE_R:
         tl.store(r + rows[:, None] * (HV * V) + o_v[None, :], b_r.to(r.dtype.element_ty), mask=m_tv)
-    return S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
+    return S * b_gl + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
 
 
 @triton.heuristics({
@@ -53,6 +57,7 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     "STORE_HT": lambda args: args["ht"] is not None,
     "STORE_R": lambda args: args["r"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "G_HEAD": lambda args: args["gl"].dim() == 2,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_state_kernel(
@@ -62,6 +67,7 @@ def qed_state_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_R: tl.constexpr, IS_VARLEN: tl.constexpr,
+    G_HEAD: tl.constexpr,
 ):
     i_v, i_nh, i_hv, bos, eos, NT, c0 = scan_program(cu_seqlens, chunk_offsets, T, HV, BT, IS_VARLEN)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
@@ -77,12 +83,12 @@ def qed_state_kernel(
         i_t = 0
         while i_t < NT:
             S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, hs, r,
-                            HV, K, V, BT, STORE_R, DT, PREC)
+                            HV, K, V, BT, STORE_R, DT, PREC, G_HEAD)
             i_t += 1
     else:
         for i_t in range(NT):
             S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, hs, r,
-                            HV, K, V, BT, STORE_R, DT, PREC)
+                            HV, K, V, BT, STORE_R, DT, PREC, G_HEAD)
     if STORE_HT:
         p_h = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         tl.store(p_h, S.to(ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
@@ -187,7 +193,7 @@ OUTPUT_STAGES = 1
 """Key block of the output kernel's loop over the chunk-start state's rows and the loop's pipeline
 depth: by default one block over the whole key axis (K <= 256), unpipelined. Smaller blocks in two
 or more stages let the next block's ``hs, qg, dg`` loads overlap the current block's products
-(``scripts/h200_screen.sh`` with ``chunk_scan.OUTPUT_KEY_BLOCK=64 chunk_scan.OUTPUT_STAGES=2``)."""
+(time a setting as a kernel version: ``scripts/kernel_versions.sh``)."""
 
 
 def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int]:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .naive import run_scan
+from .inputs import QEDOutput
+from .naive import Tensor, run_scan
 
 CHUNK = 32
 SUB = 8
@@ -103,9 +104,23 @@ def chunk_scan(q, k, wv, g, a, d, scale, state, want_sd):
     return unchunk(outs), state, unchunk(sds) if want_sd else None
 
 
-def qed_chunk_torch(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
-                    output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
-    """Chunked PyTorch QED forward (differentiable); arguments and returns as ``qed_naive``."""
+def qed_chunk_torch(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, lam: Tensor, *,
+                    arm: str = "full", z: Tensor | None = None, d: Tensor | None = None, scale: float | None = None,
+                    initial_state: Tensor | None = None, output_final_state: bool = False,
+                    return_probes: bool = False, use_qk_l2norm: bool = True,
+                    cu_seqlens: Tensor | None = None) -> QEDOutput:
+    """Chunked PyTorch QED forward (differentiable; any device, any float dtype).
+
+    Args:
+        q, k, v, g, b, w, lam: as :func:`~qedprobe.kernels.qed.naive.qed_naive` (``q, k``
+            ``[B, T, H, K]``; ``v`` ``[B, T, HV, V]``; gates per channel or ``[B, T, HV]``;
+            ``lam`` ``[HV]`` or ``[B, T, HV]``).
+        arm, z, d, scale, initial_state, output_final_state, return_probes, use_qk_l2norm,
+            cu_seqlens: as ``qed_naive``.
+
+    Returns:
+        ``(o, final_state, probes)`` as ``qed_naive``, equal to it up to rounding.
+    """
     return run_scan("qed_chunk_torch", chunk_scan, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                     initial_state=initial_state, output_final_state=output_final_state,
                     return_probes=return_probes, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)

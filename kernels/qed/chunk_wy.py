@@ -13,8 +13,8 @@ It reads only the blocks of ``A_kk`` on and below the diagonal and writes only t
 The unrolling is written for ``BT = 4 * BC`` (checked on the host).
 
 ``qed_wy_kernel`` (one program per chunk and value head), as fla's ``wy_fast.py``:
-``W = Ai (a e^G)`` (``[BT, K]``) and ``U = Ai (w v)`` (``[BT, V]``), with ``a e^G`` as the prep
-kernel wrote it (in the products' dtype, as fla casts ``b k e^G`` before its product).
+``W = Ai (a e^G)`` (``[BT, K]``) and ``U = Ai (w v)`` (``[BT, V]``, the write gate ``w`` per
+channel or one scalar per row), with ``a e^G`` as the prep kernel wrote it (in the products' dtype, as fla casts ``b k e^G`` before its product).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BC, BT, ChunkLayout, store_tile, load_tile, channel_slice, chunk_position
+from .chunk_common import BC, BT, ChunkLayout, channel_slice, chunk_position, gate_head, gate_tile, load_tile, store_tile
 
 WY_BKS = 32
 """Key slice of the W/U kernel."""
@@ -139,13 +139,16 @@ def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.d
     return ai
 
 
-@triton.heuristics({"IS_VARLEN": lambda args: args["cu_seqlens"] is not None})
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "W_HEAD": lambda args: args["w_gate"].dim() == 3,
+})
 @triton.jit(do_not_specialize=["T"])
 def qed_wy_kernel(
     ag, v, w_gate, ai, w, u,
     cu_seqlens, chunk_indices, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
-    BVS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BVS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr, W_HEAD: tl.constexpr,
 ):
     i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
@@ -160,9 +163,11 @@ def qed_wy_kernel(
         b_ag = tl.load(ag + off + rows[:, None] * (HV * K) + cols[None, :], mask=m_t[:, None] & m_c[None, :], other=0.)
         store_tile(w + off, tl.dot(b_ai, b_ag, input_precision=PREC), rows, m_t, cols, m_c, HV * K)
     off = i_hv * V
+    w_gate = gate_head(w_gate, i_hv, V, W_HEAD)
     for i_v in range(tl.cdiv(V, BVS)):
         cols, m_c = channel_slice(i_v, BVS, V)
-        b_wv = load_tile(v + off, rows, m_t, cols, m_c, HV * V, DT) * load_tile(w_gate + off, rows, m_t, cols, m_c, HV * V, DT)
+        b_wv = load_tile(v + off, rows, m_t, cols, m_c, HV * V, DT) * gate_tile(w_gate, rows, m_t, cols, m_c, HV, V,
+                                                                                 W_HEAD, DT)
         store_tile(u + off, tl.dot(b_ai, b_wv.to(ag.dtype.element_ty), input_precision=PREC), rows, m_t, cols, m_c, HV * V)
 
 

@@ -5,7 +5,8 @@ S_{t-1}``, ``a_t = b_t * k_hat_t + lam_t d_t``, ``S_t = S_bar_t + k_hat_t (w_t v
 a_t)^T``, ``o_t = S_t^T scale q_hat_t``), with the state ``K x V`` in float32 (float64 for float64
 inputs).
 
-Shapes: ``q, k`` ``[B, T, H, K]``; ``g, b`` ``[B, T, HV, K]``; ``v, w`` ``[B, T, HV, V]``;
+Shapes: ``q, k`` ``[B, T, H, K]``; ``g, b`` ``[B, T, HV, K]``; ``v, w`` ``[B, T, HV, V]`` (any of
+``g, b, w`` may be one scalar per token and value head, ``[B, T, HV]``, read once and broadcast);
 ``lam`` ``[HV]`` or ``[B, T, HV]``; states ``[N, HV, K, V]``; ``K, V <= 256``; value head ``j``
 reads query/key head ``j // (HV // H)``. Probes (only when asked): ``rho = q_hat . k_hat``
 ``[B, T, HV]``, ``d`` ``[B, T, HV, K]``, ``Sd = S_bar^T d`` ``[B, T, HV, V]``,
@@ -29,21 +30,34 @@ import triton
 import triton.language as tl
 
 from .arms import direction_flags
-from .inputs import check_qed_inputs, on_input_device
+from .inputs import QEDOutput, check_qed_inputs, on_input_device
+
+Tensor = torch.Tensor
 
 MAX_HEAD_DIM = 256
 
 
 @triton.jit
-def _token_inputs(q, k, g, b, w, v, t, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v):
+def _gate_vector(ptr, t, i_hv, HV, N, o, mask, HEAD: tl.constexpr):
+    """Token ``t``'s gate vector over the channels ``o`` of value head ``i_hv``: per channel
+    (``[B * T, HV, N]``), or a per-head gate's scalar (``[B * T, HV]``, ``HEAD``) read by every lane."""
+    if HEAD:
+        out = tl.load(ptr + t * HV + i_hv + o * 0, mask=mask, other=0)
+    else:
+        out = tl.load(ptr + (t * HV + i_hv) * N + o, mask=mask, other=0)
+    return out
+
+
+@triton.jit
+def _token_inputs(q, k, g, b, w, v, t, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v, G_HEAD: tl.constexpr,
+                  B_HEAD: tl.constexpr, W_HEAD: tl.constexpr):
     """The raw ``q, k`` (query/key head ``i_h``), ``g, b`` (K) and ``w, v`` (V) vectors (value
-    head ``i_hv``) of token ``t``."""
+    head ``i_hv``) of token ``t``; a per-head gate is its one scalar broadcast."""
     i_qk = (t * H + i_h) * K + o_k
-    i_tk = (t * HV + i_hv) * K + o_k
     i_tv = (t * HV + i_hv) * V + o_v
     return (tl.load(q + i_qk, mask=mask_k, other=0), tl.load(k + i_qk, mask=mask_k, other=0),
-            tl.load(g + i_tk, mask=mask_k, other=0), tl.load(b + i_tk, mask=mask_k, other=0),
-            tl.load(w + i_tv, mask=mask_v, other=0), tl.load(v + i_tv, mask=mask_v, other=0))
+            _gate_vector(g, t, i_hv, HV, K, o_k, mask_k, G_HEAD), _gate_vector(b, t, i_hv, HV, K, o_k, mask_k, B_HEAD),
+            _gate_vector(w, t, i_hv, HV, V, o_v, mask_v, W_HEAD), tl.load(v + i_tv, mask=mask_v, other=0))
 
 
 @triton.jit
@@ -57,6 +71,9 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "STORE_PROBES": lambda args: args["rho_out"] is not None,
     "LAM_PER_TOKEN": lambda args: args["lam"].dim() == 3,
+    "G_HEAD": lambda args: args["g"].dim() == 3,
+    "B_HEAD": lambda args: args["b"].dim() == 3,
+    "W_HEAD": lambda args: args["w"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_recurrent_kernel(
@@ -80,6 +97,9 @@ def qed_recurrent_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     STORE_PROBES: tl.constexpr,
+    G_HEAD: tl.constexpr,
+    B_HEAD: tl.constexpr,
+    W_HEAD: tl.constexpr,
 ):
     i_nh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)
@@ -108,14 +128,16 @@ def qed_recurrent_kernel(
 
     # Each token's vectors are loaded one token ahead, so their memory latency hides behind the
     # previous token's arithmetic (and the first token's behind the state load).
-    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v)
+    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v,
+                        G_HEAD, B_HEAD, W_HEAD)
     t = bos
     while t < eos:  # a while loop: the interpreter cannot range() over program-id tensors
         i_tk = (t * HV + i_hv) * K + o_k
         i_tv = (t * HV + i_hv) * V + o_v
         b_q, b_k, b_g, b_b, b_w, b_v = nxt
         t_next = tl.minimum(t + 1, eos - 1)  # the last token re-reads itself
-        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v)
+        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v,
+                        G_HEAD, B_HEAD, W_HEAD)
         b_q, b_k, b_g, b_b = b_q.to(DT), b_k.to(DT), b_g.to(DT), b_b.to(DT)
         b_wv = b_w.to(DT) * b_v.to(DT)
         if LAM_PER_TOKEN:
@@ -248,24 +270,34 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
 
 
 @on_input_device
-def qed_recurrent(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
-                  output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None,
-                  block_config=None, inplace_final_state=False):
-    """Token-by-token QED forward in one Triton launch (forward only, no gradients).
+def qed_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, lam: Tensor, *,
+                  arm: str = "full", z: Tensor | None = None, d: Tensor | None = None, scale: float | None = None,
+                  initial_state: Tensor | None = None, output_final_state: bool = False,
+                  return_probes: bool = False, use_qk_l2norm: bool = True, cu_seqlens: Tensor | None = None,
+                  block_config: tuple[int, int] | None = None, inplace_final_state: bool = False) -> QEDOutput:
+    """Token-by-token QED forward in one Triton launch (decode; forward only, no gradients).
 
-    Arguments, returns, dtypes and probes exactly as :func:`qedprobe.kernels.qed.naive.qed_naive`
-    (grouped value heads included); ``K`` and ``V`` at most 256. Non-contiguous inputs are
-    copied to contiguous ones first. ``block_config`` ``(BV, num_warps)`` sets the launch (each
-    program's value-slice width and its warps; the results are the same up to the rounding
-    order of its reductions); None is
-    :func:`default_block_config`. It is a tuning knob for benchmarks (``bench/recurrent_decode.py``).
+    Args:
+        q, k: ``[B, T, H, K]`` queries and keys.
+        v: ``[B, T, HV, V]`` values, ``HV = m H``.
+        g, b: log-decay and erase gate, ``[B, T, HV, K]`` or ``[B, T, HV]`` (one scalar per value head).
+        w: write gate, ``[B, T, HV, V]`` or ``[B, T, HV]``.
+        lam: strength ``[HV]`` or ``[B, T, HV]``.
+        arm, z, d, scale, initial_state, output_final_state, return_probes, use_qk_l2norm,
+            cu_seqlens: as :func:`qedprobe.kernels.qed.naive.qed_naive`; ``K, V <= 256``.
+        block_config: ``(BV, num_warps)``, each program's value-slice width and its warps (the
+            results are the same up to the rounding order of its reductions); None is
+            :func:`default_block_config`. A tuning knob for benchmarks (``bench/recurrent_decode.py``).
+        inplace_final_state: with ``output_final_state=True`` and a contiguous ``initial_state``,
+            write the final state over ``initial_state`` and return that tensor: a decode loop
+            that owns its state buffers then reads and writes its state once per step, instead of
+            writing a new tensor and copying it back (twice the state traffic). It is exact: each
+            program reads its ``[K, BV]`` block of the state before the first token and writes the
+            same block after the last, and no other program touches it.
 
-    ``inplace_final_state=True`` (with ``output_final_state=True`` and a contiguous
-    ``initial_state``) writes the final state over ``initial_state`` and returns that tensor: a
-    decode loop that owns its state buffers then reads and writes its state once per step, instead
-    of writing a new tensor and copying it back (twice the state traffic). It is exact: each program
-    reads its ``[K, BV]`` block of the state before the first token and writes the same block
-    after the last, and no other program touches it.
+    Returns:
+        ``(o, final_state, probes)`` as ``qed_naive`` (grouped value heads included).
+        Non-contiguous inputs are copied to contiguous ones first.
     """
     if inplace_final_state:
         _check_inplace_state(initial_state, output_final_state)

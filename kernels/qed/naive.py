@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 
 from .arms import erase_direction, erase_vector
-from .inputs import check_qed_inputs
+from .inputs import QEDOutput, check_qed_inputs
+
+Tensor = torch.Tensor
 
 L2NORM_EPS = 1e-6
 """As fla's l2norm: ``x / sqrt(sum x^2 + eps)``."""
@@ -36,6 +38,15 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
 def expand_heads(x: torch.Tensor, group: int) -> torch.Tensor:
     """``[B, T, H, K]`` -> ``[B, T, H * group, K]``: value head ``j`` gets head ``j // group``."""
     return x if group == 1 else x.repeat_interleave(group, dim=2)
+
+
+def channel_gates(g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, problem) -> tuple:
+    """The gates as broadcastable per-channel tensors: a per-head gate ``[B, T, HV]`` becomes the
+    view ``[B, T, HV, 1]``, which broadcasts over ``K`` (``g, b``) or ``V`` (``w``) wherever the
+    per-channel ``[B, T, HV, K]`` / ``[B, T, HV, V]`` form would be used (no copy)."""
+    P = problem
+    return (g.unsqueeze(-1) if P.head_g else g, b.unsqueeze(-1) if P.head_b else b,
+            w.unsqueeze(-1) if P.head_w else w)
 
 
 def prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, problem):
@@ -71,24 +82,30 @@ def token_scan(q, k, wv, g, a, d, scale, state, want_sd):
     return torch.stack(outs, 1), state, sd
 
 
-def qed_naive(q, k, v, g, b, w, lam, *, arm="full", z=None, d=None, scale=None, initial_state=None,
-              output_final_state=False, return_probes=False, use_qk_l2norm=True, cu_seqlens=None):
+def qed_naive(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, lam: Tensor, *, arm: str = "full",
+              z: Tensor | None = None, d: Tensor | None = None, scale: float | None = None,
+              initial_state: Tensor | None = None, output_final_state: bool = False, return_probes: bool = False,
+              use_qk_l2norm: bool = True, cu_seqlens: Tensor | None = None) -> QEDOutput:
     """Token-by-token QED forward (differentiable; the oracle for the kernels).
 
     Args:
         q, k: ``[B, T, H, K]`` queries and keys (L2-normalised here when ``use_qk_l2norm``).
         v: ``[B, T, HV, V]`` values, ``HV`` a multiple of ``H`` (value head ``j`` reads
             query/key head ``j // (HV // H)``).
-        g: ``[B, T, HV, K]`` natural-log decay, ``<= 0``.
-        b: ``[B, T, HV, K]`` erase gate; w: ``[B, T, HV, V]`` write gate.
+        g: natural-log decay, ``<= 0``: ``[B, T, HV, K]`` per channel, or ``[B, T, HV]`` one
+            scalar per value head (Gated DeltaNet), broadcast over ``K``.
+        b: erase gate, ``[B, T, HV, K]`` or ``[B, T, HV]`` (GDN's and KDA's ``beta``).
+        w: write gate, ``[B, T, HV, V]`` or ``[B, T, HV]`` (``beta`` again in GDN and KDA).
         lam: ``[HV]`` per-head or ``[B, T, HV]`` per-token strength.
         arm: one of ``gdn2, nogate_noproj, nogate, full, rand, noproj``.
         z: ``[HV, K]`` unit vectors (one per value head), required for (and only for) ``arm="rand"``.
         d: optional ``[B, T, HV, K]`` direction that replaces the arm's (used as given).
         scale: output scale, default ``K ** -0.5``.
-        initial_state: ``[N, HV, K, V]`` (N = B, or the number of packed sequences).
+        initial_state: ``[N, HV, K, V]`` (N = B, or the number of packed sequences), in the
+            state dtype.
         output_final_state: return the final ``[N, HV, K, V]`` state.
         return_probes: return ``{"rho": [B,T,HV], "d": [B,T,HV,K], "Sd": [B,T,HV,V], "e": [B,T,HV]}``.
+        use_qk_l2norm: L2-normalise ``q`` and ``k`` inside the op (as fla's ``use_qk_l2norm_in_kernel``).
         cu_seqlens: ``[N + 1]`` offsets of packed sequences (requires ``B == 1``).
 
     Returns:
@@ -111,6 +128,7 @@ def run_scan(op, scan, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state
     P = check_qed_inputs(op, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
     ct = P.compute_dtype
+    g, b, w = channel_gates(g, b, w, P)
     q, k, lam, d, a = prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, P)
     wv, g = w.to(ct) * v.to(ct), g.to(ct)
     if initial_state is None:

@@ -8,14 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qedprobe import demo
 from qedprobe.cliutil import HelpFormatter, join_negative_values
-from qedprobe.model import convert
-from qedprobe.train import bpe, commands as train_commands
 
-from . import evaluation
+from . import convert, demo, evaluation, tokenizer, train
 
-COMMAND_MODULES = (demo, convert, evaluation, train_commands, bpe)
+COMMAND_MODULES = (demo, convert, evaluation, train, tokenizer)
 """The modules whose ``register(subparsers)`` adds their sub-commands, in ``--help`` order."""
 
 

@@ -25,16 +25,21 @@ def is_transformers_folder(path) -> bool:
         return False
 
 
-def folder_config(path, *, qed_lambda: float | None = None, qed_arm: str = "full") -> HFQEDConfig:
+def folder_config(path, *, qed_lambda: float | None = None, qed_arm: str = "full",
+                  allow_extrapolation: bool = False) -> HFQEDConfig:
     """The :class:`HFQEDConfig` of the folder's model with ``qed_lambda`` injected on every
-    linear-attention head with ``qed_arm`` (None: the model as trained, arm ``gdn2``)."""
+    linear-attention head with ``qed_arm`` (None: the model as trained, arm ``gdn2``);
+    ``allow_extrapolation`` as :func:`inject_qed`'s."""
     from transformers import AutoConfig
     cfg = HFQEDConfig.from_transformers(AutoConfig.from_pretrained(os.fspath(path), local_files_only=True))
-    return cfg if qed_lambda is None else injected_config(cfg, qed_lambda, qed_arm)
+    return cfg if qed_lambda is None else injected_config(cfg, qed_lambda, qed_arm,
+                                                          allow_extrapolation=allow_extrapolation)
 
 
-def load_folder(path, *, dtype, device, qed_lambda: float | None = None, qed_arm: str = "full") -> HFQEDModel:
+def load_folder(path, *, dtype, device, qed_lambda: float | None = None, qed_arm: str = "full",
+                allow_extrapolation: bool = False) -> HFQEDModel:
     """The folder's model, adapted, in eval mode on ``device`` in ``dtype``, with the injection
     of :func:`folder_config`."""
     model = adapt(path, dtype=dtype, device=device)
-    return model if qed_lambda is None else inject_qed(model, qed_lambda, qed_arm)
+    return model if qed_lambda is None else inject_qed(model, qed_lambda, qed_arm,
+                                                       allow_extrapolation=allow_extrapolation)

@@ -15,6 +15,7 @@ from pathlib import Path
 from qedprobe.kernels.qed import ARMS
 from qedprobe.lam import LAMBDA_MAX
 from qedprobe.ops import MODES
+from qedprobe.tasks import FORMATS
 
 from .aliases import TLAliases
 
@@ -86,7 +87,6 @@ class QEDConfig(TLAliases):
             raise ValueError(f"QEDConfig: `head_dim * expand_v` must be an integer, got "
                              f"{self.head_dim} * {self.expand_v}")
         if self.task_format is not None:
-            from qedprobe.tasks import FORMATS
             if self.task_format not in FORMATS:
                 raise ValueError(f"QEDConfig: `task_format` must be None or one of {FORMATS}, "
                                  f"got {self.task_format!r}")

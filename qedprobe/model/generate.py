@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-from qedprobe.progress import progress_bar
+from tqdm.auto import tqdm
 
 from .decode_step import decode_step
 from .hooked import hooks_attached
@@ -151,7 +150,7 @@ def prefill(model, packed) -> tuple[torch.Tensor, list[MixerState]]:
 def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, verbose=False) -> torch.Tensor:
     """``[N, S]`` new token ids (``S <= max_new_tokens``; fewer once every prompt emitted one of
     ``stop_ids``); ``verbose`` shows a progress bar over the new tokens."""
-    with progress_bar(total=max_new_tokens, unit="token", desc="generate", disable=not verbose) as bar:
+    with tqdm(total=max_new_tokens, unit="token", desc="generate", disable=not verbose) as bar:
         return _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, bar.update)
 
 

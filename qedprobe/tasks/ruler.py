@@ -71,6 +71,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from wonderwords import Defaults, RandomWord
+
 from qedprobe.tokenizer import TokenizerError, chat_prompt, load_tokenizer
 
 from .sample import Sample, answer_tokens, default_prose_path
@@ -182,7 +184,6 @@ def wonderwords_lists() -> tuple[list[str], list[str]]:
     """``(adjectives, nouns)``: the installed wonderwords' default word lists, each sorted and
     without duplicates, through its public ``RandomWord.filter``. RULER reads the same two files
     line by line; :class:`KeyWords` sorts and deduplicates them, so the keys are RULER's."""
-    from wonderwords import Defaults, RandomWord
     words = RandomWord(enhanced_prefixes=False, adjective=Defaults.ADJECTIVES, noun=Defaults.NOUNS)
     return words.filter(include_categories=["adjective"]), words.filter(include_categories=["noun"])
 

@@ -21,9 +21,12 @@ where ``qedprobe sweep`` and ``qedprobe eig`` find them.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .data import TrainData
 
 SPECIAL = ("<s>", "</s>", "<pad>")
 """BOS, EOS, PAD: ids 0, 1, 2 of every tokenizer trained here."""
@@ -35,7 +38,6 @@ MIN_VOCAB = 256 + len(SPECIAL)
 def mixture_texts(mixture: str, seq_len: int, rows: int, seed: int = 0) -> list[str]:
     """The documents of rows ``0 .. rows - 1`` of ``TrainData(seq_len, mixture, seed, "bytes")``
     as text (one string per document; BOS/EOS/PAD dropped)."""
-    from .data import TrainData
 
     data = TrainData(seq_len, mixture, seed, "bytes")
     tok = data.tokenizer
@@ -55,7 +57,6 @@ def mixture_texts(mixture: str, seq_len: int, rows: int, seed: int = 0) -> list[
 
 def build_bpe(texts, vocab_size: int):
     """A ``tokenizers.Tokenizer`` (see the module docstring) trained on ``texts``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB:
         raise ValueError(f"train-tokenizer: `vocab_size` must be an int >= {MIN_VOCAB}, got {vocab_size!r}")
@@ -85,40 +86,3 @@ def train_tokenizer(out, *, mixture: str, vocab_size: int, seq_len: int, rows: i
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ValueError(f"train-tokenizer: `rows` must be a positive int, got {rows!r}")
     return save_tokenizer(build_bpe(mixture_texts(mixture, seq_len, rows, seed), vocab_size), out)
-
-
-FLAGS = {"vocab_size": "--vocab-size", "rows": "--rows", "seq_len": "--seq-len", "seed": "--seed",
-         "mixture": "--mixture"}
-"""Python argument -> CLI flag, for error messages."""
-
-
-def run(args: argparse.Namespace) -> int:
-    from qedprobe.cliutil import check_out_folder, fail
-    from qedprobe.tokenizer import load_tokenizer
-
-    try:
-        check_out_folder(args.out, "--out")
-        out = train_tokenizer(args.out, mixture=args.mixture, vocab_size=args.vocab_size,
-                              seq_len=args.seq_len, rows=args.rows, seed=args.seed)
-    except ValueError as err:
-        return fail("train-tokenizer", err, FLAGS)
-    tok = load_tokenizer(str(out))
-    print(f"tokenizer with {tok.vocab_size} ids (BOS {tok.bos_id}, EOS {tok.eos_id}, PAD {tok.pad_id}) in {out}")
-    return 0
-
-
-def register(subparsers) -> None:
-    from qedprobe.cliutil import HelpFormatter
-
-    from .data import MIXTURES
-
-    p = subparsers.add_parser("train-tokenizer", help="train a small byte-level BPE on a training mixture's text",
-                              description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--out", required=True, help="folder for tokenizer.json and tokenizer_config.json")
-    p.add_argument("--mixture", choices=sorted(MIXTURES), default="interference", help="mixture whose text it learns")
-    p.add_argument("--vocab-size", type=int, default=2048, help=f"ids in all, >= {MIN_VOCAB}")
-    p.add_argument("--seq-len", type=int, default=8192,
-                   help="bytes per training-text row (long enough for the mixture's largest document)")
-    p.add_argument("--rows", type=int, default=1000, help="rows of text to train on")
-    p.add_argument("--seed", type=int, default=0, help="data seed of the text rows")
-    p.set_defaults(func=run)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .bpe import FILES
+
 CARD_NAME = "MODEL_CARD.md"
 FINAL_WINDOW = 20
 """The card's final loss is the mean over the last ``FINAL_WINDOW`` steps."""
@@ -18,7 +20,7 @@ FINAL_WINDOW = 20
 
 def git_commit() -> str:
     """The qedprobe commit: ``git rev-parse HEAD`` of the checkout this module lives in, else
-    ``$QEDPROBE_COMMIT`` (set by the device scripts from the wheel's build record, since an
+    ``$QEDPROBE_COMMIT`` (set by ``scripts/device_env.sh`` from the wheel's build record, since an
     installed wheel has no git), else ``"unknown"``."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
@@ -88,7 +90,6 @@ def copy_tokenizer(tokenizer: str, folder: Path) -> None:
     ``folder``; nothing for ``"bytes"``."""
     if tokenizer == "bytes":
         return
-    from .bpe import FILES
 
     for name in FILES:
         src = Path(tokenizer) / name

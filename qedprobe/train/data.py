@@ -122,7 +122,7 @@ MIXTURES = {
         Component("mk-niah", 0.45, "prose", (2, 4), "random"),
     ),
     # 2-4 needles with every needle asked once, for rows of 512 BPE tokens or 1280 bytes (the CPU
-    # pilots of docs/RESULTS.md; "all" has the elimination shortcut of the module docstring).
+    # pilots of CHANGELOG.md's measurement history; "all" has the elimination shortcut of the module docstring).
     "interference-micro": (
         Component("s-niah-1", 0.10),
         Component("mk-niah", 0.45, "noise", (2, 4), "all"),

@@ -269,6 +269,58 @@ def train(cfg: TrainConfig, out_dir, *, export_dir=None, until_step: int | None 
             lock.close()
 
 
+def _resume(cfg: TrainConfig, out_dir: Path, model, optimizer, scheduler, where: str) -> tuple[int, float]:
+    """Load the latest checkpoint of ``out_dir`` into the model, optimizer, scheduler and RNGs
+    (refusing one of another config); returns its step and wall seconds (0, 0.0 for a new run)."""
+    found = load_latest(out_dir)
+    if found is None:
+        note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} {where}")
+        return 0, 0.0
+    folder, state = found
+    diffs = cfg.differences(TrainConfig.from_dict(state["train_config"]))
+    if diffs:
+        raise ValueError(f"train: {out_dir} holds a run with another config ({'; '.join(diffs)}); "
+                         "use a new out_dir")
+    load_model_weights(model, folder)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    note(out_dir, f"resumed from {folder.name} (step {state['step']})")
+    return state["step"], state["wall_s"]
+
+
+def _optimizer_step(model, optimizer, scheduler, clip: float) -> tuple[torch.Tensor, dict]:
+    """Clip the gradient norm to ``clip``, step the optimizer and the schedule, clear the
+    gradients; returns the norm before clipping and each parameter group's learning rate used."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, lrs
+
+
+def _stop_now(step: int, until_step, max_seconds, session_start: float) -> bool:
+    """Whether this session ends after ``step``: ``until_step`` reached, or ``max_seconds`` spent
+    on any rank (every rank stops together)."""
+    if until_step is not None and step >= until_step:
+        return True
+    return max_seconds is not None and any(dist.gather_objects(time.perf_counter() - session_start >= max_seconds))
+
+
+def _checkpoint(out_dir: Path, step: int, model, optimizer, scheduler, cfg: TrainConfig, wall: float,
+                configured_op: str) -> None:
+    """Checkpoint ``step``: rank 0 writes (the ranks hold the same weights and optimizer state; the
+    folder's config.json keeps the configured op, not a fallback); every rank waits for it."""
+    if dist.is_main():
+        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "rng": rng_state(), "wall_s": wall, "train_config": cfg.to_dict()}
+        with op_mode(model, configured_op):
+            folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
+        note(out_dir, f"checkpoint {folder.name}")
+    dist.barrier()
+
+
 def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_seconds, callback) -> TrainResult:
     """:func:`train` in the locked ``out_dir`` (created by rank 0's lock before every rank gets here)."""
     device = dist.rank_device(resolve_device(cfg.device))
@@ -281,22 +333,7 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
     model = build_model(cfg, data.tokenizer.vocab_size).to(device)
     optimizer = make_optimizer(cfg, model)
     scheduler = wsd_scheduler(optimizer, WSD(cfg.steps, cfg.warmup_steps, cfg.decay_steps, cfg.min_lr_ratio))
-    start, wall = 0, 0.0
-    found = load_latest(out_dir)
-    if found is not None:
-        folder, state = found
-        diffs = cfg.differences(TrainConfig.from_dict(state["train_config"]))
-        if diffs:
-            raise ValueError(f"train: {out_dir} holds a run with another config ({'; '.join(diffs)}); "
-                             "use a new out_dir")
-        load_model_weights(model, folder)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start, wall = state["step"], state["wall_s"]
-        note(out_dir, f"resumed from {folder.name} (step {start})")
-    else:
-        note(out_dir, f"new run: arm={cfg.arm} seed={cfg.seed} device={device} ranks={ranks}")
+    start, wall = _resume(cfg, out_dir, model, optimizer, scheduler, f"device={device} ranks={ranks}")
     if dist.is_main():
         dropped = truncate_log(out_dir, start)
         if dropped:
@@ -304,16 +341,6 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
         cfg.save(out_dir / "train_config.json")
     configured_op = model.cfg.op_mode
     op_used = _choose_op(cfg, model, device, torch.bfloat16 if amp else torch.float32, out_dir)
-
-    def checkpoint(step: int) -> None:
-        """Rank 0 writes (the ranks hold the same weights and optimizer state); all wait for it."""
-        if dist.is_main():
-            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                     "rng": rng_state(), "wall_s": wall, "train_config": cfg.to_dict()}
-            with op_mode(model, configured_op):  # config.json keeps the configured op, not the fallback
-                folder = save_checkpoint(out_dir, step, model.save_pretrained, state)
-            note(out_dir, f"checkpoint {folder.name}")
-        dist.barrier()
 
     rows, session_start = cfg.rows_per_step, time.perf_counter()
     step = start
@@ -327,27 +354,20 @@ def _train(cfg: TrainConfig, out_dir: Path, export_dir: Path, until_step, max_se
             record = _step(net, batch, cfg, device, amp)
             if not all(map(math.isfinite, record.values())):
                 raise RuntimeError(f"train: non-finite loss at step {step + 1}: {record}")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm, lrs = _optimizer_step(model, optimizer, scheduler, cfg.clip)
             step += 1
             step_s, t0 = time.perf_counter() - t0, time.perf_counter()
             wall += step_s
             record = {"step": step, **record, "lr": lrs["main"], "theta_lr": lrs.get("theta"),
                       "grad_norm": float(grad_norm), "lambda_mean": mean_lambda(model),
-                      "tokens": step * rows * cfg.seq_len, "wall_s": round(wall, 3),
-                      "step_s": round(step_s, 3)}
+                      "tokens": step * rows * cfg.seq_len, "wall_s": round(wall, 3), "step_s": round(step_s, 3)}
             log.write(json.dumps(record) + "\n")
             log.flush()
             if callback is not None:
                 callback(record)
-            stop = (until_step is not None and step >= until_step) or \
-                   (max_seconds is not None and any(dist.gather_objects(
-                       time.perf_counter() - session_start >= max_seconds)))  # every rank stops together
+            stop = _stop_now(step, until_step, max_seconds, session_start)
             if step % cfg.save_every == 0 or step == cfg.steps or stop:
-                checkpoint(step)
+                _checkpoint(out_dir, step, model, optimizer, scheduler, cfg, wall, configured_op)
             if stop and step < cfg.steps:
                 note(out_dir, f"stopped at step {step} of {cfg.steps}; call again to resume")
                 return TrainResult(out_dir, step, False, None, None, wall, op_used)

@@ -1,0 +1,249 @@
+"""Real-model recurrence benchmark: the QED op on the gates models have, against their native kernels.
+
+CUDA only; not a test.
+
+    PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,kda,decode,decoder]
+        [--budget S]
+
+Everything is timed in one process on one card (median of ``triton.testing.do_bench``; peak GPU
+memory of one call, inputs included, from ``torch.cuda.max_memory_allocated``); bf16 ``q, k, v``,
+float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in the kernel.
+
+* ``op``: Qwen3.5-style Gated DeltaNet layers (16 q/k heads x 128, 16 / 32 / 64 value heads,
+  K = V = 128) at 1 x 32K and 8 x 4K tokens: ``qed_chunk`` with per-head gates ``g, b = w = beta``
+  ``[B, T, HV]``, arm full, lam 0.1, probes off and on, against fla 0.6.0's
+  ``chunk_gated_delta_rule`` (its Triton kernels; with FlashQLA installed fla routes there and the
+  rows say so) and, where importable, FlashQLA's own op.
+* ``kda``: Kimi-Linear's layer shape (32 heads x 128, per-channel decay ``[B, T, HV, K]``,
+  ``b = w = beta`` ``[B, T, HV]``) against fla's ``chunk_kda``.
+* ``decode``: one token with a carried state (B = 8, 16 q/k heads, 32 value heads):
+  ``qed_recurrent`` against fla's ``fused_recurrent_gated_delta_rule``, eager and CUDA-graph replay.
+* ``parts``: per-kernel device times (torch.profiler, ms per call) of ``qed_chunk`` (probes off)
+  and fla's ``chunk_gated_delta_rule`` at 1 x 32K with 32 value heads.
+* ``decoder``: a random Qwen3.5-shaped model adapted with ``qedprobe.hf`` (nothing hooked; QED
+  injected with ``hook_e`` and ``hook_Sd`` hooked) against the native model: prefill at 32K and
+  128K, peak memory, a decode step inside ``generate`` (only where ``qedprobe.hf`` offers
+  ``adapt`` and ``inject_qed``).
+
+Rows ``name, shape, ms, native_ms, ratio, peak_gb, native_peak_gb`` plus ``device, date,
+commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set, else
+``docs/benchmarks/hf_models.json``), rewritten after each row; a markdown table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+from qedprobe.kernels.qed import qed_chunk, qed_recurrent
+
+DEV = "cuda"
+OP_SHAPES = [(1, 32768), (8, 4096)]
+QK_HEADS, HEAD_DIM = 16, 128
+VALUE_HEADS = (16, 32, 64)
+KDA_HEADS = 32
+DECODE = dict(B=8, H=16, HV=32)
+SECTIONS = ("op", "kda", "decode", "decoder", "parts")
+PARTS_SHAPE = (1, 32768, 32)
+"""``(B, T, HV)`` of the per-kernel rows (``parts``)."""
+
+
+def P(*a):
+    print(*a, flush=True)
+
+
+def gdn_inputs(B, T, H, HV, D=HEAD_DIM, *, channel_g=False, seed=0):
+    """Random layer inputs: ``q, k`` ``[B, T, H, D]``, ``v`` ``[B, T, HV, D]``, ``g`` float32
+    ``[B, T, HV]`` (``[B, T, HV, D]`` with ``channel_g``), ``beta`` ``[B, T, HV]`` bf16."""
+    torch.manual_seed(seed)
+    bf = torch.bfloat16
+    g_shape = (B, T, HV, D) if channel_g else (B, T, HV)
+    return dict(q=torch.randn(B, T, H, D, device=DEV, dtype=bf), k=torch.randn(B, T, H, D, device=DEV, dtype=bf),
+                v=torch.randn(B, T, HV, D, device=DEV, dtype=bf) * 0.5,
+                g=-0.1 * torch.rand(*g_shape, device=DEV), beta=torch.rand(B, T, HV, device=DEV, dtype=bf),
+                lam=torch.full((HV,), 0.1, device=DEV))
+
+
+def shape_of(x) -> str:
+    B, T, H, K = x["q"].shape
+    return f"B{B} T{T} H{H} HV{x['v'].shape[2]} K{K}"
+
+
+def measure(fn) -> tuple[float, float]:
+    """``(ms, peak_gb)``: median time of ``fn`` and the peak memory of one call (inputs included)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30
+    return do_bench(fn, warmup=10, rep=60, return_mode="median"), peak
+
+
+class Rows:
+    """The benchmark's rows, written to ``path`` after each one (a cut run keeps what it has)."""
+
+    def __init__(self, path: str, commit: str):
+        self.path, self.rows = path, []
+        self.meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=commit)
+
+    def add(self, name, shape, got, native=None):
+        (t, peak), (nt, npeak) = got, native or (None, None)
+        r = dict(name=name, shape=shape, ms=round(t, 4), native_ms=round(nt, 4) if nt else None,
+                 ratio=round(t / nt, 4) if nt else None, peak_gb=round(peak, 3) if peak is not None else None,
+                 native_peak_gb=round(npeak, 3) if npeak is not None else None, **self.meta)
+        self.rows.append(r)
+        P(f"{name:48s} {shape:26s} {t:8.3f} ms" + (f"  native {nt:8.3f}  ratio {r['ratio']:.3f}" if nt else ""))
+        if os.path.dirname(self.path):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "w") as f:
+            json.dump(self.rows, f, indent=1)
+
+    def table(self) -> str:
+        lines = [f"device: {self.meta['device']}, torch {torch.__version__}, commit {self.meta['commit']}", "",
+                 "| row | shape | ms | native ms | ratio | peak GB | native peak GB |", "|---|---|---|---|---|---|---|"]
+        fmt = lambda x, p=3: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+        for r in self.rows:
+            lines.append(f"| {r['name']} | {r['shape']} | {fmt(r['ms'])} | {fmt(r['native_ms'])} | "
+                         f"{fmt(r['ratio'])} | {fmt(r['peak_gb'], 2)} | {fmt(r['native_peak_gb'], 2)} |")
+        return "\n".join(lines)
+
+
+def qed_fn(x, probes=False, recurrent=False, state=None):
+    op = qed_recurrent if recurrent else qed_chunk
+    return lambda: op(x["q"], x["k"], x["v"], x["g"], x["beta"], x["beta"], x["lam"], arm="full",
+                      return_probes=probes, initial_state=state, output_final_state=state is not None)
+
+
+def native_fn(op, x):
+    """fla's ``op(q, k, v, g, beta)`` on ``x``, qk L2-norm in the kernel."""
+    return functools.partial(op, x["q"], x["k"], x["v"], x["g"], x["beta"], use_qk_l2norm_in_kernel=True)
+
+
+def native_gdn():
+    """fla's ``chunk_gated_delta_rule`` and a label saying which backend it runs."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    try:
+        import flash_qla  # noqa: F401
+        label = "fla chunk_gated_delta_rule (routed to FlashQLA)"
+    except ImportError:
+        label = "fla chunk_gated_delta_rule"
+    return chunk_gated_delta_rule, label
+
+
+def op_rows(rows: Rows, left):
+    fla_op, label = native_gdn()
+    for B, T in OP_SHAPES:
+        for HV in VALUE_HEADS:
+            if left() < 20:
+                P("budget: op rows cut")
+                return
+            x = gdn_inputs(B, T, QK_HEADS, HV)
+            native = measure(native_fn(fla_op, x))
+            rows.add(label, shape_of(x), native)
+            rows.add("qed_chunk full, per-head gates", shape_of(x), measure(qed_fn(x)), native)
+            rows.add("qed_chunk full, per-head gates + probes", shape_of(x), measure(qed_fn(x, probes=True)), native)
+            del x
+            torch.cuda.empty_cache()
+
+
+def kda_rows(rows: Rows, left):
+    from fla.ops.kda import chunk_kda
+    for B, T in OP_SHAPES:
+        if left() < 20:
+            return
+        x = gdn_inputs(B, T, KDA_HEADS, KDA_HEADS, channel_g=True)
+        native = measure(native_fn(chunk_kda, x))
+        rows.add("fla chunk_kda", shape_of(x), native)
+        rows.add("qed_chunk full, KDA gates", shape_of(x), measure(qed_fn(x)), native)
+        rows.add("qed_chunk full, KDA gates + probes", shape_of(x), measure(qed_fn(x, probes=True)), native)
+        del x
+        torch.cuda.empty_cache()
+
+
+def graph_ms(fn) -> float:
+    """Median time of one CUDA-graph replay of ``fn`` (the GPU alone, no host launch cost)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
+
+
+def decode_rows(rows: Rows, left):
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    x = gdn_inputs(DECODE["B"], 1, DECODE["H"], DECODE["HV"])
+    state = torch.zeros(DECODE["B"], DECODE["HV"], HEAD_DIM, HEAD_DIM, device=DEV)
+    fla_fn = lambda: fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],  # noqa: E731
+                                                        initial_state=state, output_final_state=True,
+                                                        use_qk_l2norm_in_kernel=True)
+    qed = qed_fn(x, recurrent=True, state=state)
+    native = measure(fla_fn)
+    rows.add("fla fused_recurrent_gated_delta_rule", shape_of(x), native)
+    rows.add("qed_recurrent full, per-head gates", shape_of(x), measure(qed), native)
+    n_graph = graph_ms(fla_fn)
+    rows.add("fla fused_recurrent_gated_delta_rule, CUDA graph", shape_of(x), (n_graph, None))
+    rows.add("qed_recurrent, CUDA graph", shape_of(x), (graph_ms(qed), None), (n_graph, None))
+
+
+def parts_rows(rows: Rows, left):
+    B, T, HV = PARTS_SHAPE
+    x = gdn_inputs(B, T, QK_HEADS, HV)
+    fla_op, label = native_gdn()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernel_times import kernel_ms
+    for name, fn in (("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("fla", native_fn(fla_op, x))):
+        fn()  # compiled and autotuned before the profile
+        for key, t_ms in kernel_ms(fn).items():
+            rows.add(f"  {name}: {key[:44]}", shape_of(x), (t_ms, None))
+
+
+def decoder_rows(rows: Rows, left):
+    try:
+        from qedprobe.hf import adapt, inject_qed  # noqa: F401
+    except ImportError as err:
+        P(f"decoder rows skipped: qedprobe.hf offers no adapt / inject_qed here ({err})")
+        return
+    P("decoder rows: not wired yet")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    out = os.environ.get("OUT")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--json", default=os.path.join(out, "hf_models.json") if out else
+                    os.path.join(os.path.dirname(here), "docs", "benchmarks", "hf_models.json"))
+    ap.add_argument("--commit", default=os.environ.get("COMMIT", "unknown"), help="commit the kernels are from")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds; later rows are cut after")
+    a = ap.parse_args()
+    sections = a.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"--sections: unknown {sorted(unknown)}; expected some of {SECTIONS}")
+    if not torch.cuda.is_available():
+        P("bench/hf_models.py needs CUDA")
+        return 1
+    start = time.time()
+    left = lambda: a.budget - (time.time() - start)  # noqa: E731
+    rows = Rows(a.json, a.commit)
+    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows)
+    for name in sections:
+        runners[name](rows, left)
+    P(rows.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

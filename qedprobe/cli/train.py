@@ -1,0 +1,167 @@
+"""``qedprobe train``: train (or resume) one QED checkpoint from a preset plus overrides.
+
+    qedprobe train --preset micro --arm full --out runs/micro-full --export checkpoints/micro-full
+    qedprobe train --preset small --arm gdn2 --seed 1 --out runs/gdn2-s1 --export checkpoints/gdn2-s1
+
+Running the same command again resumes from ``OUT/latest`` (the config must match).
+On N GPUs: ``torchrun --nproc_per_node=N -m qedprobe.cli train ...`` (data parallel, the same
+global batch ``batch_size x accum``; see :mod:`qedprobe.train.trainer`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from tqdm.auto import tqdm
+
+from qedprobe import dist
+from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.ops import ARMS, MODES
+
+from qedprobe.train.config import DEVICES, LOSSES, PRESETS, TrainConfig
+from qedprobe.train.data import MIXTURES
+from qedprobe.train.trainer import resolve_device, train
+
+# CLI flag -> TrainConfig field (None values are not overrides)
+FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "batch_size",
+          "accum": "accum", "steps": "steps", "lr": "lr", "theta_lr_mult": "theta_lr_mult", "warmup": "warmup_steps",
+          "decay": "decay_steps", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
+          "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
+          "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init"}
+MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
+                "head_dim": "head_dim", "conv_size": "conv_size", "lambda_max": "lambda_max", "op_mode": "op_mode",
+                "decay_a": "decay_a_range", "decay_dt": "decay_dt_range"}
+
+
+def _pair(text: str) -> tuple[float, float]:
+    """``"0.5,2"`` -> ``(0.5, 2.0)``."""
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH (two numbers), got {text!r}") from None
+    return low, high
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The preset with every given flag applied."""
+    overrides = {f: getattr(args, a) for a, f in FIELDS.items() if getattr(args, a) is not None}
+    model = {f: getattr(args, a) for a, f in MODEL_FIELDS.items() if getattr(args, a) is not None}
+    if args.no_op_fallback:
+        overrides["op_fallback"] = False
+    return TrainConfig.from_preset(args.preset, model=model, **overrides)
+
+
+FLAGS = {**{field: "--" + flag.replace("_", "-") for flag, field in {**FIELDS, **MODEL_FIELDS}.items()},
+         "out_dir": "--out", "export_dir": "--export", "until_step": "--until-step",
+         "max_seconds": "--max-seconds", "op_fallback": "--no-op-fallback"}
+"""Python argument / config field -> CLI flag, for error messages."""
+
+
+def _progress(cfg: TrainConfig, every: int, enabled: bool):
+    """The per-step callback: a tqdm bar over the steps (elapsed, ETA) and, every ``every``
+    steps, one line of statistics; returns ``(callback, close)``."""
+    bar = None
+
+    def show(rec: dict) -> None:
+        nonlocal bar
+        if bar is None and enabled:
+            bar = tqdm(total=cfg.steps, initial=rec["step"] - 1, unit="step", desc="train", dynamic_ncols=True)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        if every and (rec["step"] % every == 0 or rec["step"] == cfg.steps):
+            tqdm.write(f"step {rec['step']:>6}/{cfg.steps}  loss {rec['loss']:.4f}  answer {rec['answer_loss']:.4f} "
+                       f"(acc {rec['answer_acc']:.3f}, key {rec['key_acc']:.3f})  lr {rec['lr']:.2e}  "
+                       f"|g| {rec['grad_norm']:.2f}  lambda {rec['lambda_mean']:.4f}  {rec['step_s']:.2f}s/step",
+                       file=sys.stdout)
+
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+    return show, close
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    show = close = None
+    try:
+        cfg = config_from_args(args)
+        dist.init_from_env(resolve_device(cfg.device))
+        check_out_folder(args.out, "--out")
+        if args.export is not None:
+            check_out_folder(args.export, "--export")
+        show, close = _progress(cfg, args.print_every if dist.is_main() else 0,
+                                dist.is_main() and not args.no_progress)
+        result = train(cfg, args.out, export_dir=args.export, until_step=args.until_step,
+                       max_seconds=args.max_seconds, callback=show)
+    except ValueError as err:
+        return fail("train", err, FLAGS)
+    finally:
+        if close is not None:
+            close()
+    if not dist.is_main():
+        return 0
+    if result.finished:
+        print(f"done: {result.step} steps, final loss {result.final_loss:.4f}, {result.wall_s:.1f} s; "
+              f"model in {result.export_dir}")
+    else:
+        print(f"stopped at step {result.step}/{cfg.steps}; run the same command again to resume")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train or resume a small QED checkpoint (NIAH mixtures)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="run folder (checkpoints, loss.jsonl, train.log)")
+    p.add_argument("--export", default=None, help="where the final bf16 model + MODEL_CARD.md go (default OUT/final)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small",
+                   help="micro: CPU, < 2 min; small: the GPU checkpoints (default)")
+    p.add_argument("--arm", choices=ARMS)
+    p.add_argument("--seed", type=int, help="initialisation and data seed")
+    p.add_argument("--init", help="start from this model folder's weights (same model config) instead of the seed's")
+    g = p.add_argument_group("model (override the preset)")
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--layers", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--head-dim", type=int)
+    g.add_argument("--conv-size", type=int,
+                   help="width of the causal short convolutions on q, k, v (default 4: tokens t-3..t)")
+    g.add_argument("--lambda-max", type=float, help="lambda = lambda_max * sigmoid(theta) (default 0.25)")
+    g.add_argument("--op-mode", choices=MODES, help="QED op the model calls (default auto)")
+    g.add_argument("--decay-a", type=_pair, metavar="LOW,HIGH",
+                   help="initial A range of the log-decay (default fla's 1,16)")
+    g.add_argument("--decay-dt", type=_pair, metavar="LOW,HIGH",
+                   help="initial dt range, log-uniform (default fla's 0.001,0.1)")
+    g = p.add_argument_group("data and optimisation (override the preset)")
+    g.add_argument("--mixture", choices=sorted(MIXTURES))
+    g.add_argument("--loss", choices=LOSSES, help="all: every non-PAD token (default); answer: answer values only")
+    g.add_argument("--key-weight", type=float,
+                   help="loss weight of the key-dependent answer tokens (default 1: like every other)")
+    g.add_argument("--tokenizer", help="'bytes' (default) or a tokenizer folder (qedprobe train-tokenizer); "
+                                       "copied into the exported model folder")
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--batch-size", type=int, help="rows per micro-batch")
+    g.add_argument("--accum", type=int, help="micro-batches per step")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--lr", type=float, help="peak learning rate (theta gets --theta-lr-mult times it)")
+    g.add_argument("--theta-lr-mult", type=float,
+                   help="theta's learning rate as a multiple of --lr (default 10, the paper's; "
+                        "0 holds lambda at its initial value)")
+    g.add_argument("--warmup", type=int, help="warmup steps")
+    g.add_argument("--decay", type=int, help="decay steps at the end")
+    g.add_argument("--min-lr-ratio", type=float)
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--clip", type=float, help="gradient-norm clip")
+    g.add_argument("--save-every", type=int, help="checkpoint every N steps")
+    g = p.add_argument_group("running")
+    g.add_argument("--device", choices=DEVICES)
+    g.add_argument("--no-op-fallback", action="store_true",
+                   help="stop (instead of using the slow PyTorch reference) when the op has no backward")
+    g.add_argument("--threads", type=int, help="torch CPU threads")
+    g.add_argument("--until-step", type=int, help="stop after this step (checkpointed; rerun to resume)")
+    g.add_argument("--max-seconds", type=float, help="stop after this long (checkpointed; rerun to resume)")
+    g.add_argument("--print-every", type=int, default=10, help="print a line of statistics every N steps (0: never)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Time several versions of the kernels side by side on one GPU, each in a process of its own:
+#
+#   scripts/kernel_versions.sh build --trees DIR NAME=COMMIT ...       # in a git checkout
+#   scripts/kernel_versions.sh time --trees DIR --out DIR [--timeout 150] [--python "python3 -P"] \
+#       [-- bench/kernel_times.py ARGS]                                  # on the GPU machine
+#
+# build: an importable package tree of qedprobe per argument, DIR/<NAME>/qedprobe with kernels/
+#   and hooks/ inside it as the wheel lays them out, from `git archive COMMIT` (COMMIT "WORK": the
+#   working tree as it is now), e.g. `build --trees .trees before=2918ba2 head=WORK`. Copy DIR to
+#   the GPU machine with the working tree if it has no git history.
+# time: for every tree of DIR, `bench/kernel_times.py` with that tree first on PYTHONPATH, into
+#   OUT/kernels-<NAME>.json and .log, then each tree's forward rows. The default benchmark
+#   arguments are `--quick --parts` (the main shape, probes off and on, the order check, per-kernel
+#   times, forward + backward, fla in the same process); `-- --quick --parts --no-fla --fla-ms 2.011
+#   --fla-fwd-bwd-ms 11.18` reuses fla's times instead of measuring them in every process.
+# Changing a launch constant is a version like any other: edit it in the working tree and build
+# `head=WORK` beside the commit before it.
+set -uo pipefail
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
+die() { echo "kernel_versions.sh: $*" >&2; exit 2; }
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+
+build() {  # build NAME=COMMIT ...: DIR/<NAME>/qedprobe for each
+    local arg name commit dest
+    (($#)) || die "build needs NAME=COMMIT arguments"
+    for arg in "$@"; do
+        [[ $arg == *=* ]] || die "build: '$arg' is not NAME=COMMIT"
+        name=${arg%%=*} commit=${arg#*=} dest=$TREES/${arg%%=*}
+        rm -rf "$dest" && mkdir -p "$dest/src"
+        if [[ $commit == WORK ]]; then
+            (cd "$REPO" && cp -r qedprobe kernels hooks "$dest/src/")
+        else
+            git -C "$REPO" archive "$commit" qedprobe kernels hooks | tar -x -C "$dest/src" || die "no commit $commit"
+        fi
+        mv "$dest/src/qedprobe" "$dest/qedprobe"
+        mv "$dest/src/kernels" "$dest/src/hooks" "$dest/qedprobe/"
+        rm -rf "$dest/src"
+        find "$dest" -name __pycache__ -prune -exec rm -rf {} +
+        echo "$name: $commit ($(du -sh "$dest" | cut -f1))"
+    done
+}
+
+time_trees() {  # time [ARGS of bench/kernel_times.py]: every tree of DIR in its own process
+    local tree name args=("$@")
+    ((${#args[@]})) || args=(--quick --parts)
+    [[ -n $OUT ]] || die "time needs --out DIR"
+    mkdir -p "$OUT"
+    OUT=$(cd "$OUT" && pwd)
+    cd "$(mktemp -d)" || exit 1  # a source checkout in the working directory is not imported
+    for tree in "$TREES"/*/; do
+        name=$(basename "$tree")
+        # shellcheck disable=SC2086
+        PYTHONPATH=${tree%/}${PYTHONPATH:+:$PYTHONPATH} timeout "$TIMEOUT" $PY "$REPO/bench/kernel_times.py" \
+            "${args[@]}" --commit "$name" --json "$OUT/kernels-$name.json" > "$OUT/kernels-$name.log" 2>&1
+        echo "== $name (exit $?)"
+        grep -E "^\| (qed_chunk|  qed)" "$OUT/kernels-$name.log" | cut -c1-110
+    done
+}
+
+MODE=${1:-}
+[[ $MODE == -h || $MODE == --help ]] && usage
+[[ $MODE == build || $MODE == time ]] || die "first argument: build or time (--help)"
+shift
+TREES="" OUT="" TIMEOUT=150 PY="python3 -P" REST=()
+while (($#)); do
+    case $1 in
+        -h | --help) usage ;;
+        --) shift; REST+=("$@"); break ;;
+        --trees | --out | --timeout | --python)
+            [[ $# -ge 2 ]] || die "$1 needs a value"
+            case $1 in --trees) TREES=$2 ;; --out) OUT=$2 ;; --timeout) TIMEOUT=$2 ;; --python) PY=$2 ;; esac
+            shift 2 ;;
+        --*) die "unknown argument '$1' (--help lists them)" ;;
+        *) REST+=("$1"); shift ;;
+    esac
+done
+[[ -n $TREES ]] || die "--trees DIR is required"
+mkdir -p "$TREES"
+TREES=$(cd "$TREES" && pwd)
+if [[ $MODE == build ]]; then build "${REST[@]}"; else time_trees "${REST[@]}"; fi

@@ -1,0 +1,134 @@
+"""Per-head gates: ``g, b, w`` as ``[B, T, HV]`` (Gated DeltaNet's decay and ``beta``) and KDA's
+per-channel ``g`` with per-head ``b, w``, in every op.
+
+CPU (the Triton kernels in the interpreter): float64 against ``qed_naive`` fed the same gates
+broadcast to their per-channel shapes, and against ``qed_naive`` with per-head gates itself;
+every arm, per-token lambda, grouped value heads, packed sequences, initial and final states,
+every probe; the explicit per-channel fallback of a differentiable ``qed_chunk`` call.
+GPU (skipped without CUDA): against fla's ``chunk_gated_delta_rule`` / ``chunk_kda`` at
+lambda 0 and against ``qed_naive`` at T = 4096.
+"""
+import pytest
+import torch
+
+from qedprobe.kernels.qed import ARMS, qed_chunk, qed_chunk_torch, qed_naive, qed_recurrent
+from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, z_for
+
+F64 = torch.float64
+B, T, H, HV, K, V = 1, 70, 2, 4, 16, 8
+FORMS = ("gdn", "kda")
+"""``gdn``: g, b, w all ``[B, T, HV]``; ``kda``: g per channel, b and w ``[B, T, HV]``."""
+
+
+def head_case(form, seed, device=DEVICE):
+    """Inputs with per-head gates in ``form``, and the same gates broadcast per channel: ``(x, wide)``."""
+    x = grouped_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, seed=seed, lam_token=seed % 2 == 0, device=device)
+    x["b"], x["w"] = x["b"][..., 0], x["w"][..., 0]
+    if form == "gdn":
+        x["g"] = x["g"][..., 0]
+    wide = dict(x, g=x["g"] if form == "kda" else x["g"][..., None].expand(B, T, HV, K),
+                b=x["b"][..., None].expand(B, T, HV, K), w=x["w"][..., None].expand(B, T, HV, V))
+    return x, wide
+
+
+def args(x):
+    return tuple(x[n] for n in ("q", "k", "v", "g", "b", "w", "lam"))
+
+
+def options(arm, seed, device=DEVICE):
+    """Every option at once: packed sequences, initial and final states, probes."""
+    return dict(arm=arm, z=z_for(arm, HV, K, device=device), cu_seqlens=torch.tensor([0, 23, 70], device=device),
+                initial_state=torch.randn(2, HV, K, V, dtype=F64, generator=torch.Generator().manual_seed(seed)).to(device),
+                output_final_state=True, return_probes=True)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("arm", ARMS)
+def test_pytorch_ops(arm, form):
+    seed = ARMS.index(arm) + 7 * FORMS.index(form)
+    x, wide = head_case(form, seed, device="cpu")
+    kw = options(arm, seed, device="cpu")
+    ref = qed_naive(*args(wide), **kw)
+    assert_outputs_close(qed_naive(*args(x), **kw), ref, atol=1e-12)
+    assert_outputs_close(qed_chunk_torch(*args(x), **kw), ref, atol=1e-10)
+    if arm != "gdn2":
+        assert ref[2]["Sd"].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_triton_ops(arm):
+    """qed_chunk and qed_recurrent (one form per arm, alternating) read the per-head gates as
+    scalars and agree with float64 qed_naive on the broadcast gates."""
+    form = FORMS[ARMS.index(arm) % 2]
+    x, wide = head_case(form, ARMS.index(arm))
+    kw = options(arm, ARMS.index(arm))
+    ref = qed_naive(*args(wide), **kw)
+    assert_outputs_close(qed_chunk(*args(x), **kw), ref, atol=1e-10)
+    assert_outputs_close(qed_recurrent(*args(x), **kw), ref, atol=1e-10)
+
+
+def test_differentiable_chunk_falls_back_to_channel_gates():
+    """With a per-head gate that requires grad, qed_chunk runs the per-channel path (the backward
+    is per channel) and its gradients are qed_naive's, summed over the channels."""
+    x, _ = head_case("gdn", 3)
+    x = {n: t.detach().clone().requires_grad_(n in ("g", "b", "w", "q")) for n, t in x.items()}
+    kw = dict(arm="full", output_final_state=True)
+    grads = []
+    for op in (qed_chunk, qed_naive):
+        o, s, _ = op(*args(x), **kw)
+        grads.append(torch.autograd.grad((o ** 2).sum() + (s ** 2).sum(), [x[n] for n in ("g", "b", "w", "q")]))
+    for name, got, ref in zip(("g", "b", "w", "q"), *grads):
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, atol=1e-9, rtol=0, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("shape,msg", [((B, T, HV, 3), r"\[B, T, HV\] = \(1, 70, 4\)"), ((B, T, H), "per channel")])
+def test_gate_shape_is_checked(shape, msg):
+    x, _ = head_case("gdn", 0, device="cpu")
+    x["b"] = torch.rand(*shape, dtype=F64)
+    with pytest.raises(ValueError, match=r"`b` must have shape .*" + msg):
+        qed_naive(*args(x))
+
+
+# --- GPU --------------------------------------------------------------------------------------
+
+def _fla_case(form, T_, dtype, seed=0):
+    """Random bf16/float32 inputs at a model-like shape: 2 q/k heads, 4 value heads, K = V = 64."""
+    gen = torch.Generator().manual_seed(seed)
+    Bq, Hq, HVq, D = 1, 2, 4, 64
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    g = -torch.rand(Bq, T_, HVq, *(() if form == "gdn" else (D,)), generator=gen) * 0.1
+    x = dict(q=r(Bq, T_, Hq, D), k=r(Bq, T_, Hq, D), v=r(Bq, T_, HVq, D), g=g,
+             b=torch.rand(Bq, T_, HVq, generator=gen))
+    return {n: t.to("cuda", dtype if n in ("q", "k", "v") else torch.float32) for n, t in x.items()}
+
+
+@gpu
+@pytest.mark.parametrize("form", FORMS)
+def test_gpu_lambda_zero_is_fla(form):
+    """lam = 0 (any arm) is fla's Gated DeltaNet (``chunk_gated_delta_rule``, scalar gates) or KDA
+    (``chunk_kda``, per-channel decay), with ``beta`` as both erase and write gate."""
+    fla = pytest.importorskip("fla.ops", reason="fla is the reference here")
+    x = _fla_case(form, 1000, torch.bfloat16)
+    lam = torch.zeros(4, device="cuda")
+    o, s, _ = qed_chunk(x["q"], x["k"], x["v"], x["g"], x["b"], x["b"], lam, arm="full", output_final_state=True)
+    ref_op = fla.chunk_gated_delta_rule if form == "gdn" else fla.chunk_kda
+    ro, rs = ref_op(x["q"], x["k"], x["v"], x["g"], x["b"], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert_close("o", o, ro, 2e-2)
+    assert_close("final state", s, rs, 2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("form", FORMS)
+def test_gpu_long_against_naive(form):
+    """T = 4096, float32, every probe: qed_chunk with per-head gates against float64 qed_naive."""
+    x = _fla_case(form, 4096, torch.float32, seed=1)
+    x["w"] = torch.rand_like(x["b"])
+    lam = torch.full((4,), 0.1, device="cuda")
+    kw = dict(arm="full", output_final_state=True, return_probes=True)
+    got = qed_chunk(*(x[n] for n in ("q", "k", "v", "g", "b", "w")), lam, **kw)
+    ref = qed_naive(*(x[n].double() for n in ("q", "k", "v", "g", "b", "w")), lam.double(), **kw)
+    assert_close("o", got[0], ref[0], 1e-4)
+    assert_close("final state", got[1], ref[1], 1e-4)
+    for name in ("rho", "d", "Sd", "e"):
+        assert_close(name, got[2][name], ref[2][name], 1e-4)
