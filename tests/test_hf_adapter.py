@@ -25,7 +25,6 @@ from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
 from qedprobe.model import hook_name, strength
 from qedprobe.model.hooked import MIXER_HOOKS
-from qedprobe.model.recurrence import per_channel_gates
 
 from helpers import HF_FAMILIES, HF_KDA_FAMILIES, HF_VOCAB, hf_ids, hf_torch_reference, tiny_hf
 
@@ -244,8 +243,7 @@ def test_injection_selects_layers_and_heads_and_feeds_the_op():
     assert cache["blocks.3.linear_attn.hook_lambda"].tolist() == pytest.approx([0, 0.1, 0, 0.25])
     assert not cache["blocks.0.linear_attn.hook_lambda"].any()
     x = {n: cache[f"blocks.3.linear_attn.hook_{n}"].double() for n in ("q", "k", "v", "g", "b", "w", "lambda")}
-    g, b, w = per_channel_gates(x["g"], x["b"], x["w"], 16, model.cfg.head_v_dim)
-    o, _, probes = qed_naive(x["q"], x["k"], x["v"], g, b, w, x["lambda"], arm="rand",
+    o, _, probes = qed_naive(x["q"], x["k"], x["v"], x["g"], x["b"], x["w"], x["lambda"], arm="rand",
                              z=random_directions(4, 16, 5 + 3).double(), return_probes=True)
     torch.testing.assert_close(cache["blocks.3.linear_attn.hook_o"].double(), o, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cache["blocks.3.linear_attn.hook_Sd"].double(), probes["Sd"], rtol=1e-5, atol=1e-5)
@@ -383,8 +381,8 @@ def test_a_folder_with_a_tokenizer_gives_the_adapted_model_its_text_methods(tmp_
     assert model.to_string(ids[0]) == "apple 7341"
 
 
-def _offload_map(model) -> dict:
-    """A ``device_map`` for accelerate: decoder layers 2 and 3 on "disk", everything else on "cpu"."""
+def _offload_map(model, near="cpu", far="disk") -> dict:
+    """A ``device_map`` for accelerate: decoder layers 2 and 3 on ``far``, everything else on ``near``."""
     layers = next(n for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList))
     placed = {}
 
@@ -392,11 +390,11 @@ def _offload_map(model) -> dict:
         for name, child in module.named_children():
             full = f"{prefix}.{name}" if prefix else name
             if full == layers:
-                placed.update({f"{full}.{i}": "disk" if i >= 2 else "cpu" for i in range(len(child))})
+                placed.update({f"{full}.{i}": far if i >= 2 else near for i in range(len(child))})
             elif layers.startswith(full + "."):
                 cover(full, child)
             else:
-                placed[full] = "cpu"
+                placed[full] = near
     cover("", model)
     return placed
 
@@ -491,3 +489,24 @@ def test_transformerlens_forward_conventions_on_the_adapted_model():
             model(ids, **kwargs)
     with pytest.raises(ValueError, match="tokenizer"):
         model.to_tokens("no tokenizer here")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a device_map over cuda:0 and the CPU")
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_gpu_device_map_cuda_and_cpu_equals_one_device(family, tmp_path):
+    """Layers 2 and 3 offloaded to the CPU, the rest on cuda:0: injected QED, probes, strength
+    and generate as on the model wholly on cuda:0."""
+    hf = tiny_hf(family)
+    hf.save_pretrained(tmp_path / "m")
+    one = inject_qed(adapt(hf.cuda()), 0.1, layers=[2, 3])
+    split = inject_qed(adapt(tmp_path / "m", device_map=_offload_map(hf, near=0, far="cpu")), 0.1, layers=[2, 3])
+    assert set(split.hf_model.hf_device_map.values()) == {0, "cpu"}
+    ids = hf_ids(t=64).cuda()
+    names = lambda name: name.endswith(("hook_e", "hook_Sd"))  # noqa: E731
+    (logits, cache), (split_logits, split_cache) = (m.run_with_cache(ids, names_filter=names) for m in (one, split))
+    torch.testing.assert_close(split_logits, logits, rtol=1e-4, atol=1e-4)
+    for name in cache.cache_dict:
+        torch.testing.assert_close(split_cache[name].cpu(), cache[name].cpu(), rtol=1e-4, atol=1e-4)
+    with strength(one, 2.0), strength(split, 2.0):
+        assert split.generate([[5, 6, 7, 8]], 6) == one.generate([[5, 6, 7, 8]], 6)

@@ -26,7 +26,8 @@ Hook points (``hook_q`` ... ``hook_o`` are writable: a hook's return value is wh
     hook_o           [B, T, H, V]   the recurrence's output
     hook_rho [B, T, H] q_hat . k_hat;  hook_Sd [B, T, H, V] S_bar^T d;  hook_e [B, T, H] e_t
 
-A scalar gate's hook may return the per-channel shape (each channel its own gate). A model whose
+A scalar gate's hook may return the per-channel shape (each channel its own gate). The op takes
+each gate as it comes, per head or per channel (nothing is widened or copied here). A model whose
 q/k heads are shared by ``m`` value heads (``group_size``) hands them to the op grouped (the op
 reads head ``j // m`` for value head ``j``); only while ``hook_q``, ``hook_k`` or ``hook_d`` has a
 hook are they copied per value head, so that the hooks see and may change each value head's own.
@@ -47,15 +48,6 @@ from qedprobe.kernels.qed import erase_direction, l2_normalize
 from qedprobe.ops import qed_attention
 
 from .hookio import observe, through
-
-
-def per_channel_gates(g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, K: int, V: int) -> tuple:
-    """``(g, b, w)`` with any scalar gate ``[B, T, H]`` widened to ``[B, T, H, K]`` (``g``,
-    ``b``) or ``[B, T, H, V]`` (``w``) as an ``expand`` view (no copy): the ops take per-channel
-    gates only."""
-    def widen(x: torch.Tensor, n: int) -> torch.Tensor:
-        return x if x.dim() == 4 else x.unsqueeze(-1).expand(*x.shape, n)
-    return widen(g, K), widen(b, K), widen(w, V)
 
 
 def _gate_through(hook: HookPoint, x: torch.Tensor, width: int) -> torch.Tensor:
@@ -139,7 +131,6 @@ class HookedRecurrence(nn.Module):
         g = _gate_through(self.hook_g, g, K)
         lam = through(self.hook_lambda, lam, (H,), (B, T, H))
         d = self._direction(q, k, b, arm, z)
-        g, b, w = per_channel_gates(g, b, w, K, V)
         probe_hooks = self.probe_hooks()
         want_probes = any(hook.has_hooks(dir="fwd") for hook in probe_hooks.values())
         o, state, probes = qed_attention(q, k, v, g, b, w, lam, mode=mode, arm=arm, z=z, d=d,
