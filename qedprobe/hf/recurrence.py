@@ -52,24 +52,23 @@ import torch
 
 from qedprobe.lam import random_directions
 from qedprobe.model.recurrence import HookedRecurrence
-from qedprobe.model.strength import lambda_scales
 
 
 class LinearAttnRecurrence(HookedRecurrence):
     """The qedprobe recurrence of decoder layer ``layer_idx`` (sizes from an ``HFQEDConfig``).
 
-    ``strength_factors`` is the adapted model's list of active ``strength`` blocks (shared, read
-    at every call). ``lam`` ``[Hv]`` and, for arm ``rand``, ``z`` ``[Hv, K]`` are buffers
-    (float32, not saved: the injection lives in the config); ``injected`` is whether any of this
-    layer's lambdas is non-zero (a host-side bool).
+    ``lambda_scale()`` gives the strength factors of the call now running (the adapted model's
+    :meth:`~qedprobe.hf.HFQEDModel.lambda_scale`, read at every call). ``lam`` ``[Hv]`` and, for
+    arm ``rand``, ``z`` ``[Hv, K]`` are buffers (float32, not saved: the injection lives in the
+    config); ``injected`` is whether any of this layer's lambdas is non-zero (a host-side bool).
     """
 
-    def __init__(self, cfg, layer_idx: int, strength_factors: list):
+    def __init__(self, cfg, layer_idx: int, lambda_scale):
         super().__init__()
         self.layer_idx = layer_idx
         self.row = cfg.linear_layers.index(layer_idx)
         self.group_size = cfg.group_size
-        self._strength_factors = strength_factors
+        self.lambda_scale = lambda_scale
         self.register_buffer("lam", torch.zeros(cfg.num_heads), persistent=False)
         self.register_buffer("z", None, persistent=False)
         self.arm, self.op_mode, self.injected = "gdn2", cfg.op_mode, False
@@ -100,7 +99,7 @@ class LinearAttnRecurrence(HookedRecurrence):
 
     def lam_now(self, phase: str) -> torch.Tensor:
         """``[Hv]`` float32: the injected lambda times the active strength factors of ``phase``."""
-        scales = lambda_scales(self._strength_factors, phase)
+        scales = self.lambda_scale().for_phase(phase)
         return self.lam if scales is None else self.lam * scales[self.layer_idx].to(self.lam.device)
 
     def recurrence(self, query, key, value, g, beta, *, phase: str, initial_state=None,
