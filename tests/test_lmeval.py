@@ -3,6 +3,8 @@
 against qedprobe's own ``generate`` and a direct forward pass; end to end through
 ``lm_eval.simple_evaluate`` on local tasks in the shapes of fda, swde, squad_completion and a
 RULER NIAH task (:mod:`lmeval_fixtures`; nothing is downloaded)."""
+import runpy
+
 import pytest
 import torch
 
@@ -190,3 +192,12 @@ def test_simple_evaluate_on_local_tasks(tmp_path):
                 assert s["contains"] == contains_score(resp, [s["target"]])
                 assert s["arguments"][0][1]["until"] in (["\n"], ["\n\n"])
     assert out["results"]["niah_local"]["1024,none"] > 0  # the micro model retrieves needles at 1K
+
+
+def test_python_m_qedprobe_lmeval_is_lm_evals_cli_with_the_model(monkeypatch):
+    import lm_eval.__main__ as lm_main
+    from lm_eval.api.registry import get_model
+    seen = []
+    monkeypatch.setattr(lm_main, "cli_evaluate", lambda: seen.append(get_model("qedprobe")))
+    runpy.run_module("qedprobe.lmeval", run_name="__main__")
+    assert seen == [QEDProbeLM]

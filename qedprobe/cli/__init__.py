@@ -10,9 +10,9 @@ import sys
 
 from qedprobe.cliutil import HelpFormatter, join_negative_values
 
-from . import convert, demo, evaluation, tokenizer, train
+from . import convert, demo, evaluation, lmeval, tokenizer, train
 
-COMMAND_MODULES = (demo, convert, evaluation, train, tokenizer)
+COMMAND_MODULES = (demo, convert, evaluation, lmeval, train, tokenizer)
 """The modules whose ``register(subparsers)`` adds their sub-commands, in ``--help`` order."""
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .summary import cell_order
+
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LOG_SPREAD = 0.4
 """Octaves over which the series of a log2 length axis are spread around each length."""
@@ -117,29 +119,44 @@ def plot_title(model_id, arm, task, seed, layers, heads, phase) -> str:
 
 
 def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
-    """``acc_vs_length.png`` (one line per s) and ``acc_vs_strength.png`` (one line per length);
-    the series differ in colour and marker and are offset a little along x (see ``plots``)."""
-    from matplotlib import colormaps
+    """``acc_vs_length.png`` (one line per s, over the cells that have a length) and
+    ``acc_vs_strength.png`` (one line per length); with several tasks in the summary (an lm-eval
+    folder, ``qedprobe.lmeval.run``) one line per task and s / task and length, named by the task.
+    The series differ in colour and marker and are offset a little along x (see ``plots``)."""
     out = Path(out)
-    lengths = sorted({r["length"] for r in summary})
-    strengths = sorted({r["s"] for r in summary})
-    cell = {(r["length"], r["s"]): r for r in summary}
+    cell = {(r.get("task", ""), r["length"], r["s"]): r for r in summary}
+    named = len({task for task, _, _ in cell}) > 1
+    lengths = sorted({L for _, L, _ in cell if L is not None})
+    strengths = sorted({s for _, _, s in cell})
     paths = []
-    for by_length, xs, series, xlabel, fname in (
-            (True, lengths, strengths, "context length (tokens)", "acc_vs_length.png"),
-            (False, strengths, lengths, "strength s (lambda x s)", "acc_vs_strength.png")):
-        fig = figure(figsize=(6.4, 4.2))
-        ax = fig.subplots()
-        cmap = colormaps["viridis"]
-        width = LOG_SPREAD if by_length else linear_spread(xs)
-        for j, ser in enumerate(series):
-            pts = [(x, cell.get((x, ser) if by_length else (ser, x))) for x in xs]
-            pts = [(x, r) for x, r in pts if r is not None and r["n"]]
-            if pts:
-                accuracy_errorbar(ax, pts, log_x=by_length, **series_style(j, len(series), width),
-                                  color=cmap(0.9 * j / max(1, len(series) - 1)),
-                                  label=f"s = {ser:g}" if by_length else f"L = {format_length(ser)}")
-        paths.append(save_accuracy_figure(fig, ax, out / fname, xlabel=xlabel, title=title,
-                                          lengths=lengths if by_length else None,
-                                          strengths=None if by_length else strengths))
+    if lengths:
+        series = sorted({(t, s) for t, L, s in cell if L is not None})
+        lines = [(_series_label(t if named else "", f"s = {s:g}"), [(L, cell.get((t, L, s))) for L in lengths])
+                 for t, s in series]
+        paths.append(_accuracy_plot(out / "acc_vs_length.png", lines, by_length=True, xs=lengths, title=title))
+    series = sorted({(t, L) for t, L, _ in cell}, key=cell_order)
+    lines = [(_series_label(t if named else "", None if L is None else f"L = {format_length(L)}"),
+              [(s, cell.get((t, L, s))) for s in strengths]) for t, L in series]
+    paths.append(_accuracy_plot(out / "acc_vs_strength.png", lines, by_length=False, xs=strengths, title=title))
     return paths
+
+
+def _series_label(task: str, value: str | None) -> str:
+    return ", ".join(x for x in (task, value) if x) or "all"
+
+
+def _accuracy_plot(path: Path, lines, *, by_length: bool, xs, title) -> Path:
+    """One accuracy figure: ``lines`` are ``(label, [(x, summary row or None)])``, over lengths
+    (a log2 axis) or strengths."""
+    from matplotlib import colormaps
+    fig = figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    cmap = colormaps["viridis"]
+    width = LOG_SPREAD if by_length else linear_spread(xs)
+    for j, (label, points) in enumerate(lines):
+        pts = [(x, r) for x, r in points if r is not None and r["n"]]
+        if pts:
+            accuracy_errorbar(ax, pts, log_x=by_length, **series_style(j, len(lines), width),
+                              color=cmap(0.9 * j / max(1, len(lines) - 1)), label=label)
+    return save_accuracy_figure(fig, ax, path, xlabel="context length (tokens)" if by_length else "strength s (lambda x s)",
+                                title=title, lengths=xs if by_length else None, strengths=None if by_length else xs)
