@@ -127,3 +127,17 @@ def test_cli_chat_template_on_a_transformers_folder(qwen_folder, tmp_path, capsy
     assert main(["eig", "--model", str(qwen_folder), "--task", "niah_single_1", "--length", str(L), "--samples", "1",
                  "--chat-template", "--out", str(tmp_path / "eig"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "eig" / "eig.json").read_text())["meta"]["chat_template"] is True
+
+
+def test_cli_qed_lambda_above_a_trained_heads_range_needs_allow_extrapolation(qwen_folder, tmp_path, capsys):
+    L = _length(qwen_folder)
+    common = ["--model", str(qwen_folder), "--qed-lambda", "0.5", "--no-progress", "--format", "legacy"]
+    assert main(["sweep", *common, "--lengths", str(L), "--samples", "1", "--strengths", "1",
+                 "--out", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err
+    assert "--qed-lambda must lie in [0, 0.25]" in err and "pass --allow-extrapolation" in err
+    assert "inject_qed" not in err and "`lam`" not in err
+    assert main(["eig", *common, "--length", str(L), "--samples", "1", "--allow-extrapolation",
+                 "--out", str(tmp_path / "eig")]) == 0
+    meta = json.loads((tmp_path / "eig" / "eig.json").read_text())["meta"]
+    assert meta["qed_lambda"] == 0.5 and meta["qed_arm"] == "full" and meta["arm"] == "full"

@@ -22,19 +22,22 @@ from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.eval import sweep
 from qedprobe.eval.eig import run_eig, task_batches, text_batches
 from qedprobe.eval.report import build_report
-from qedprobe.eval.spec import (SweepSpec, check_model, check_strengths_for, check_tokenizer_fits, parse_float_list,
-                                parse_int_list, sweep_config)
+from qedprobe.eval.spec import (SweepSpec, check_eval_seed, check_model, check_strengths_for, check_tokenizer_fits,
+                                parse_float_list, parse_int_list, sweep_config)
 from qedprobe.eval.store import SweepError, open_store
 from qedprobe.hf.folder import folder_config, is_transformers_folder, load_folder
+from qedprobe.hf.inject import injected_config
 from qedprobe.kernels.qed import ARMS
 from qedprobe.model import QEDConfig, QEDModel
-from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_recurrence, state_dict_sha256
 from qedprobe.tasks import DEFAULT_FORMAT, FORMATS, ForeignKeyTask, make_task
 from qedprobe.tokenizer import TokenizerError, load_tokenizer
 
 __all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXTRAPOLATION_HELP = ("allow s outside [-1, 2] and --qed-lambda outside [0, 0.25] (lambda_max of a QED head): "
+                      "beyond them the state may grow")
 
 
 def _idx_list(text, name):
@@ -64,6 +67,9 @@ def _common_model_args(p):
     p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
                    help="task format: ruler (NVIDIA RULER's NIAH prompts, budget and score; default) or "
                         "legacy (the format the shipped checkpoints were trained on)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, >= 1 (default: torch's, one per core; with another torch process on "
+                        "the same cores, 1 avoids their contention)")
     p.add_argument("--chat-template", action="store_true",
                    help="ruler format: put each prompt in the tokenizer's own chat template as the user's "
                         "turn, the assistant's turn opened, then RULER's answer prefix (default: raw prompts)")
@@ -110,7 +116,7 @@ def _register_sweep(subparsers) -> None:
     p.add_argument("--control", default=None, choices=("foreign-key",),
                    help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
                         "(qedprobe.tasks.control; a key-matching model falls to <= 1/num_needles)")
-    p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--eager", action="store_true",
                    help="the plain path for debugging: every layer in plain PyTorch (not the torch.compile'd "
                         "fast path a QEDModel runs on CUDA by default) and eager decode steps (as --eager-decode)")
@@ -145,7 +151,7 @@ def _register_eig(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="data seed of the task inputs")
     p.add_argument("--batch-size", type=int, default=1, help="inputs per forward pass")
     p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
-    p.add_argument("--allow-extrapolation", action="store_true")
+    p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_eig_cmd)
@@ -159,7 +165,7 @@ def parse_length(text):
     return v
 
 
-_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
+_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "lam": "--qed-lambda", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
                "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
                "chat_template": "--chat-template"}
 FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
@@ -211,9 +217,19 @@ def _check_chat_template(args) -> None:
         raise SweepError("--chat-template applies to task prompts (--task), not to --text")
 
 
+def _set_threads(args) -> None:
+    """``--threads`` -> ``torch.set_num_threads`` (before any work)."""
+    if args.threads is None:
+        return
+    if args.threads < 1:
+        raise SweepError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+
+
 def _rank_device_dtype(args):
     """:func:`_device_dtype`, with the process group started under torchrun and a CUDA device
-    per rank (``qedprobe.dist``)."""
+    per rank (``qedprobe.dist``); ``--threads`` applied."""
+    _set_threads(args)
     dev, dtype = _device_dtype(args)
     dist.init_from_env(dev)
     return dist.rank_device(dev), dtype
@@ -223,14 +239,28 @@ def _model_config(path, args):
     p = Path(path)
     if not p.is_dir():
         raise SweepError(f"--model {path!r} is not a folder")
+    if args.qed_lambda is not None and not _is_transformers(args):
+        raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
     try:
-        if _is_transformers(args):
-            return folder_config(p, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
-        if args.qed_lambda is not None:
-            raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
-        return QEDConfig.load(p / "config.json")
+        cfg = folder_config(p) if _is_transformers(args) else _qed_config(p)
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise SweepError(f"--model {path!r}: {exc}") from None
+    if args.qed_lambda is None:
+        return cfg
+    try:
+        return injected_config(cfg, args.qed_lambda, args.qed_arm, allow_extrapolation=args.allow_extrapolation)
+    except ValueError as exc:  # inject_qed's words -> the flags' (FLAGS: `lam` is --qed-lambda)
+        raise SweepError(str(exc).removeprefix("inject_qed: ")) from None
+
+
+def _qed_config(folder: Path) -> QEDConfig:
+    """A QEDModel folder's config, checked against the recurrence its weights record (a header
+    read, no tensor): a config that does not describe the weights is reported before any check
+    of the flags against it."""
+    cfg = QEDConfig.load(folder / CONFIG_NAME)
+    if (folder / WEIGHTS_NAME).is_file():
+        check_recurrence(cfg, folder / WEIGHTS_NAME)
+    return cfg
 
 
 def _check_out(path) -> None:
@@ -243,7 +273,8 @@ def _check_out(path) -> None:
 def _load_model(path, dev, dtype, args):
     try:
         if _is_transformers(args):
-            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
+            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm,
+                               allow_extrapolation=args.allow_extrapolation)
         model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
     except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
         raise SweepError(f"cannot load the model from {path!r}: {type(exc).__name__}: {exc}") from None
@@ -315,7 +346,10 @@ def _sweep_task(args):
             return ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
         return make_task(args.task, tokenizer_spec(args), format=args.format, chat_template=args.chat_template,
                          **task_kw)
-    except (TokenizerError, OSError, ValueError) as exc:
+    except OSError as exc:  # the haystack file is the one file read here
+        where = "" if args.haystack_file is None else f"--haystack-file {args.haystack_file!r}: "
+        raise SweepError(f"{where}{exc.strerror or exc}") from None
+    except (TokenizerError, ValueError) as exc:
         raise SweepError(str(exc)) from None
 
 
@@ -339,10 +373,15 @@ def run_report_cmd(args) -> int:
     try:
         labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
         base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
+        if args.out is not None:
+            _check_out(args.out)
         md = build_report(args.sweeps, labels=labels, s=args.s, baseline=base, out=args.out,
                           title=args.title, warn=lambda m: print(f"qedprobe report: warning: {m}", file=sys.stderr))
-    except (SweepError, OSError, json.JSONDecodeError, IndexError) as exc:
+    except (SweepError, json.JSONDecodeError, IndexError) as exc:
         return _fail("report", exc)
+    except OSError as exc:  # reading a sweep folder or writing into --out
+        writing = args.out is not None and str(exc.filename or "").startswith(str(args.out))
+        return _fail("report", f"{'--out ' if writing else ''}{exc.filename!r}: {exc.strerror or exc}")
     print(md)
     return 0
 
@@ -352,6 +391,7 @@ def run_eig_cmd(args) -> int:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
             raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
+        check_eval_seed(args.seed)
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
         try:
@@ -374,13 +414,7 @@ def run_eig_cmd(args) -> int:
         cfg = _model_config(args.model, args)
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise SweepError(f"--out {args.out!r} exists and is not a folder")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SweepError(f"--out {args.out!r}: {exc}") from None
+        _check_out(args.out)  # created only once there is something to write
         model = _load_model(args.model, dev, dtype, args)
         total = len(range(0, args.samples, args.batch_size)[shard[0]::shard[1]])
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
@@ -388,10 +422,11 @@ def run_eig_cmd(args) -> int:
                       total=total)
         acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
                          "chat_template": args.chat_template, "text": args.text, "length": args.length,
-                         "samples": args.samples})
+                         "samples": args.samples, "qed_lambda": args.qed_lambda,
+                         "qed_arm": None if args.qed_lambda is None else args.qed_arm})
         if not dist.is_main():
             return 0
-        paths = acc.save(out)
+        paths = acc.save(Path(args.out))
     except SweepError as exc:
         return _fail("eig", exc)
     except ValueError as exc:  # e.g. strength out of range

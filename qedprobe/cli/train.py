@@ -82,12 +82,21 @@ def _progress(cfg: TrainConfig, every: int, enabled: bool):
     return show, close
 
 
+def _check_preset_device(args, cfg) -> None:
+    """A preset made for CUDA (``small``) on a machine without one, with no ``--device`` given:
+    say that the preset chose the device, and what to pass instead."""
+    if args.device is None and cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--preset {args.preset} trains on CUDA and no CUDA device is available: pass "
+                         "--preset micro (made for the CPU) or --device cpu")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     show = close = None
     try:
         cfg = config_from_args(args)
+        _check_preset_device(args, cfg)
         dist.init_from_env(resolve_device(cfg.device))
         check_out_folder(args.out, "--out")
         if args.export is not None:
