@@ -116,6 +116,7 @@ def test_a_changed_configuration_or_model_is_refused(reference, task_dir, change
     (["--metadata", "[1]"], "--metadata"),
     (["--batch-size", "3"], "--batch-size and --model-args batch_size"),
     (["--dtype", "int8"], "dtype"),
+    (["--threads", "0"], "--threads"),
 ])
 def test_bad_flags_are_refused_in_one_line(task_dir, tmp_path, extra, words, capsys):
     assert main(argv(task_dir, tmp_path / "x") + extra) == 2

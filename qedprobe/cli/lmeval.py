@@ -17,7 +17,7 @@ from qedprobe.cliutil import check_out_folder, fail
 from qedprobe.eval.spec import parse_float_list
 from qedprobe.eval.store import SweepError
 
-from .evaluation import summary_table
+from .evaluation import add_threads_flag, set_threads, summary_table
 
 __all__ = ["register", "run_lmeval_cmd"]
 
@@ -59,6 +59,7 @@ def register(subparsers) -> None:
                                                    "if available; under torchrun cuda:LOCAL_RANK)")
     p.add_argument("--dtype", default=None, help="as the model argument dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--batch-size", type=int, default=None, help="as the model argument batch_size (default 1)")
+    add_threads_flag(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_lmeval_cmd)
 
@@ -99,6 +100,7 @@ def _checked(args):
     """Everything that needs neither tasks nor weights: ``(model args, strengths, tasks, metadata)``."""
     from qedprobe.lmeval.load import parse_model_args, resolve_device
     from qedprobe.lmeval.run import check_grid
+    set_threads(args)
     margs = _model_args(args)
     checked = parse_model_args(**margs)
     strengths = parse_float_list(args.strengths, "--strengths")
