@@ -12,8 +12,8 @@ from qedprobe import cli as commands
 from qedprobe.eval import SweepError, SweepSpec, load_results, plan, run_sweep, sweep
 from qedprobe.eval.sweep import sweep_fast_path
 from qedprobe.model import QEDModel, fast_path, strength
-from qedprobe.model.decode_step import decode_step
-from qedprobe.model.fast import TokenLayout, conv_silu, mixer_inputs, stacked_weights
+from qedprobe.model.decode_step import decode_graphs, decode_step
+from qedprobe.model.fast import TokenLayout, conv_silu, fast_path_setting, mixer_inputs, stacked_weights
 from qedprobe.model.layers import ShortConvolution
 from qedprobe.model.packing import pack_prompts
 
@@ -230,7 +230,7 @@ def test_default_fast_path_that_fails_to_compile_falls_back_to_the_plain_path(tm
     real_run_batch, calls = sweep.run_batch, []
 
     def failing_second_batch(model, *args, **kwargs):
-        calls.append(getattr(model, "fast_path", None) is not None)
+        calls.append(fast_path_setting(model) is not None)
         if calls == [True, True]:
             raise torch._dynamo.exc.InternalTorchDynamoError("simulated compile failure")
         return real_run_batch(model, *args, **kwargs)
@@ -279,10 +279,10 @@ def test_gpu_fast_path_matches_plain_and_its_graph_replays_its_steps():
             assert model.generate(PROMPTS, 10, cuda_graph=False) == graph
     for a, b in zip(fast, plain, strict=True):  # bf16: a few roundings apart
         torch.testing.assert_close(a.float(), b.float(), rtol=0.03, atol=0.03 * b.abs().max().item())
-    assert len(model.decode_graphs) == 2  # one graph per path: the key holds the fast path's weights
+    assert len(decode_graphs(model)) == 2  # one graph per path: the key holds the fast path's weights
     with torch.inference_mode():
         assert model.generate(PROMPTS, 10) == model.generate(PROMPTS, 10, cuda_graph=False)
-    assert len(model.decode_graphs) == 2  # the plain graph again, not the fast one
+    assert len(decode_graphs(model)) == 2  # the plain graph again, not the fast one
 
 
 @cuda

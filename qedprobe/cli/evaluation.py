@@ -67,12 +67,17 @@ def _common_model_args(p):
     p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
                    help="task format: ruler (NVIDIA RULER's NIAH prompts, budget and score; default) or "
                         "legacy (the format the shipped checkpoints were trained on)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads, >= 1 (default: torch's, one per core; with another torch process on "
-                        "the same cores, 1 avoids their contention)")
+    add_threads_flag(p)
     p.add_argument("--chat-template", action="store_true",
                    help="ruler format: put each prompt in the tokenizer's own chat template as the user's "
                         "turn, the assistant's turn opened, then RULER's answer prefix (default: raw prompts)")
+
+
+def add_threads_flag(p) -> None:
+    """``--threads`` (applied by :func:`set_threads`), shared with ``qedprobe lm-eval``."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, >= 1 (default: torch's, one per core; with another torch process on "
+                        "the same cores, 1 avoids their contention)")
 
 
 def register(subparsers) -> None:
@@ -217,7 +222,7 @@ def _check_chat_template(args) -> None:
         raise SweepError("--chat-template applies to task prompts (--task), not to --text")
 
 
-def _set_threads(args) -> None:
+def set_threads(args) -> None:
     """``--threads`` -> ``torch.set_num_threads`` (before any work)."""
     if args.threads is None:
         return
@@ -229,7 +234,7 @@ def _set_threads(args) -> None:
 def _rank_device_dtype(args):
     """:func:`_device_dtype`, with the process group started under torchrun and a CUDA device
     per rank (``qedprobe.dist``); ``--threads`` applied."""
-    _set_threads(args)
+    set_threads(args)
     dev, dtype = _device_dtype(args)
     dist.init_from_env(dev)
     return dist.rank_device(dev), dtype

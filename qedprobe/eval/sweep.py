@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from qedprobe import dist
 from qedprobe.model import QEDModel, fast_path, strength
 from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.model.fast import has_fast_path
 from qedprobe.model.packing import pack_prompts
 from qedprobe.tasks import answer_fraction
 
@@ -213,10 +214,10 @@ def sweep_fast_path(model, fast_path) -> str | None:
     otherwise; False the plain path; True ``"inductor"``; a string that backend."""
     if fast_path is None:
         on_cuda = torch.device(getattr(model, "device", "cpu")).type == "cuda"
-        fast_path = on_cuda and hasattr(model, "fast_path")
+        fast_path = on_cuda and has_fast_path(model)
     if fast_path is False:
         return None
-    if not hasattr(model, "fast_path"):
+    if not has_fast_path(model):
         raise SweepError(f"fast_path={fast_path!r}: {type(model).__name__} has no fast path (a QEDModel "
                          "has); pass fast_path=False (--eager)")
     if fast_path is True:

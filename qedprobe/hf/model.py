@@ -27,6 +27,7 @@ from transformer_lens.hook_points import HookPoint
 
 from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, as_output, checked_generate_inputs, until_stop
 from qedprobe.model.hooked import HookedModel
+from qedprobe.model.strength import LambdaScale, active_lambda_scale
 
 from . import route
 from .cache import HFActivationCache
@@ -75,9 +76,8 @@ class HFQEDModel(HookedModel):
         self.cfg = HFQEDConfig.from_transformers(config, op_mode=op_mode)
         layers = _deltanets(hf_model, self.cfg)
         self.hf_model = hf_model
-        self.strength_factors = []
         self.blocks = nn.ModuleDict({
-            str(l): nn.ModuleDict({"linear_attn": LinearAttnRecurrence(self.cfg, l, self.strength_factors)})
+            str(l): nn.ModuleDict({"linear_attn": LinearAttnRecurrence(self.cfg, l, self.lambda_scale)})
             for l in self.cfg.linear_layers})
         self.blocks.to(next(hf_model.parameters()).device)
         route.install(modeling_module_name(self.cfg.model_type))
@@ -94,6 +94,10 @@ class HFQEDModel(HookedModel):
             self.mod_dict[name] = module
             if isinstance(module, HookPoint):
                 self.hook_dict[name] = module
+
+    def lambda_scale(self) -> LambdaScale:
+        """The strength factors of the calls now running: the ``strength`` blocks' around them."""
+        return active_lambda_scale(self)
 
     def recurrence(self, layer: int) -> LinearAttnRecurrence:
         """The recurrence module of linear-attention layer ``layer``."""

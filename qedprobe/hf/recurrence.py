@@ -40,24 +40,23 @@ from transformer_lens.hook_points import HookPoint
 from qedprobe.kernels.qed import erase_direction, l2_normalize
 from qedprobe.lam import random_directions
 from qedprobe.model.hookio import observe, through
-from qedprobe.model.strength import lambda_scales
 from qedprobe.ops import qed_attention
 
 
 class LinearAttnRecurrence(nn.Module):
     """The qedprobe recurrence of decoder layer ``layer_idx`` (sizes from an ``HFQEDConfig``).
 
-    ``strength_factors`` is the adapted model's list of active ``strength`` blocks (shared, read
-    at every call). ``lam`` ``[Hv]`` and, for arm ``rand``, ``z`` ``[Hv, K]`` are buffers
+    ``lambda_scale()`` gives the strength factors of the call now running (the adapted model's
+    :meth:`~qedprobe.hf.HFQEDModel.lambda_scale`, read at every call). ``lam`` ``[Hv]`` and, for arm ``rand``, ``z`` ``[Hv, K]`` are buffers
     (float32, not saved: the injection lives in the config).
     """
 
-    def __init__(self, cfg, layer_idx: int, strength_factors: list):
+    def __init__(self, cfg, layer_idx: int, lambda_scale):
         super().__init__()
         self.layer_idx = layer_idx
         self.row = cfg.linear_layers.index(layer_idx)
         self.group_size = cfg.group_size
-        self._strength_factors = strength_factors
+        self.lambda_scale = lambda_scale
         self.register_buffer("lam", torch.zeros(cfg.num_heads), persistent=False)
         self.register_buffer("z", None, persistent=False)
         self.arm, self.op_mode = "gdn2", cfg.op_mode
@@ -94,7 +93,7 @@ class LinearAttnRecurrence(nn.Module):
     def lam_now(self, phase: str, device) -> torch.Tensor:
         """``[Hv]`` float32 on ``device`` (the layer's: a model split over devices keeps its
         buffers on one): the injected lambda times the active strength factors of ``phase``."""
-        scales = lambda_scales(self._strength_factors, phase)
+        scales = self.lambda_scale().for_phase(phase)
         lam = self.lam.to(device)
         return lam if scales is None else lam * scales[self.layer_idx].to(device)
 

@@ -41,6 +41,7 @@ in-place edit, a load or a move rebuilds them at the next call.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import weakref
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from qedprobe.ops import qed_attention
 from .hooked import hooks_attached
 from .mixer import MixerState
 
-__all__ = ["FastPath", "TokenLayout", "fast_path", "active_fast_path", "fast_path_key", "fast_block_runner",
+__all__ = ["FastPath", "TokenLayout", "fast_path", "has_fast_path", "fast_path_setting", "active_fast_path", "fast_path_key", "fast_block_runner",
            "conv_silu", "rms_norm"]
 
 COMPILE_OPTIONS = {"emulate_precision_casts": True, "combo_kernels": True}
@@ -76,32 +77,47 @@ class FastPath:
     backend: object = "inductor"
 
 
+_ACTIVE_BLOCKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe_fast_path_blocks", default=())
+"""The :func:`fast_path` blocks active in this context: ``((model, FastPath), ...)``, as entered."""
+
+
+def has_fast_path(model) -> bool:
+    """Whether ``model`` can run the fast path (it has ``blocks`` of QED blocks: a ``QEDModel``)."""
+    return getattr(model, "supports_fast_path", False)
+
+
 @contextlib.contextmanager
 def fast_path(model, backend="inductor"):
     """Inside this block ``model.run_blocks`` (prefill passes, decode steps, ``generate``) takes
     the fast path where it applies (module doc); ``backend=None`` runs the same fused regions
-    without compiling them. The block raises dynamo's recompile limit to :data:`RECOMPILE_LIMIT`."""
+    without compiling them. The block raises dynamo's recompile limit to :data:`RECOMPILE_LIMIT`.
+    The setting is held beside the model for the calls in this thread (or asyncio task), not on it."""
     if not (backend is None or isinstance(backend, str) or callable(backend)):
         raise ValueError(f"fast_path: `backend` must be None, a torch.compile backend name or a callable, "
                          f"got {backend!r}")
-    if not hasattr(model, "fast_path"):
+    if not has_fast_path(model):
         raise ValueError(f"fast_path: {type(model).__name__} has no fast path (QEDModel has)")
-    previous = model.fast_path
-    model.fast_path = FastPath(backend)
+    entry = (model, FastPath(backend))
+    _ACTIVE_BLOCKS.set(_ACTIVE_BLOCKS.get() + (entry,))
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
             yield model
     finally:
-        model.fast_path = previous
+        _ACTIVE_BLOCKS.set(tuple(block for block in _ACTIVE_BLOCKS.get() if block is not entry))
+
+
+def fast_path_setting(model) -> FastPath | None:
+    """The :class:`FastPath` of the innermost :func:`fast_path` block on ``model`` around this
+    call, or None outside every such block."""
+    return next((setting for owner, setting in reversed(_ACTIVE_BLOCKS.get()) if owner is model), None)
 
 
 def active_fast_path(model, *, packed: bool = False, states=None) -> FastPath | None:
-    """The model's :class:`FastPath` when a ``run_blocks`` call may take it now, else None: inside
-    a :func:`fast_path` block, no hooks, no grad, no value checks, and not a packed call
-    (``packed``) that continues ``states`` (the masked convolution starts every sequence from
-    zeros)."""
-    fp = getattr(model, "fast_path", None)
+    """:func:`fast_path_setting` when a ``run_blocks`` call may take the fast path now, else None:
+    no hooks, no grad, no value checks, and not a packed call (``packed``) that continues
+    ``states`` (the masked convolution starts every sequence from zeros)."""
+    fp = fast_path_setting(model)
     if fp is None or torch.is_grad_enabled() or value_checks_enabled() or hooks_attached(model) \
             or (packed and states is not None):
         return None
