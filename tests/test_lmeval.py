@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from lmeval_fixtures import MICRO, TASKS, write_tasks  # noqa: E402 (sets the offline switches first)
+from lmeval_fixtures import MICRO, TASKS, niah_docs, write_tasks  # noqa: E402 (sets the offline switches first)
 
 import lm_eval  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -137,9 +137,27 @@ def test_bad_model_args_are_refused_by_name(kwargs, name):
         QEDProbeLM(**{"pretrained": MICRO, **kwargs})
 
 
-def test_strength_on_gdn2_is_refused():
+def test_strength_on_gdn2_is_refused(tmp_path):
+    from helpers import saved_tiny_model
+    folder = saved_tiny_model(tmp_path / "gdn2", arm="gdn2")
+    assert QEDProbeLM(pretrained=folder, strength=1).strength == 1.0
     with pytest.raises(ModelArgsError, match="gdn2"):
-        QEDProbeLM(pretrained=MICRO.replace("micro-recall-full-s1", "micro-recall-gdn2-s1"), strength=0.5)
+        QEDProbeLM(pretrained=folder, strength=0.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the compiled fast path and CUDA-graph decode steps")
+def test_cuda_fast_path_answers_as_the_plain_path():
+    """On CUDA a QEDModel runs the fast path; ``eager=true`` the plain one: the same greedy answers
+    on the prompts the checkpoint was trained for, scores to float32 rounding."""
+    docs = niah_docs(4)
+    fast = QEDProbeLM(pretrained=MICRO, device="cuda", dtype="float32", batch_size=4)
+    plain = QEDProbeLM(pretrained=MICRO, device="cuda", dtype="float32", batch_size=4, eager=True)
+    assert fast.fast and not plain.fast
+    gens = [_gen(d["input"], until=["\n"], max_gen_toks=12) for d in docs]
+    assert fast.generate_until(gens) == plain.generate_until(gens)
+    pairs = [_ll(d["input"], " " + d["outputs"][0]) for d in docs]
+    for a, b in zip(fast.loglikelihood(pairs), plain.loglikelihood(pairs)):
+        assert a[0] == pytest.approx(b[0], rel=1e-3, abs=1e-3) and a[1] == b[1]
 
 
 def _tiny_qwen35_folder(folder):

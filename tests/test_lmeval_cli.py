@@ -114,6 +114,9 @@ def test_a_changed_configuration_or_model_is_refused(reference, task_dir, change
     (["--strengths=0,7"], "--strengths"),
     (["--limit", "0"], "--limit"),
     (["--metadata", "[1]"], "--metadata"),
+    (["--batch-size", "3"], "--batch-size and --model-args batch_size"),
+    (["--dtype", "int8"], "dtype"),
+    (["--threads", "0"], "--threads"),
 ])
 def test_bad_flags_are_refused_in_one_line(task_dir, tmp_path, extra, words, capsys):
     assert main(argv(task_dir, tmp_path / "x") + extra) == 2
@@ -124,7 +127,7 @@ def test_bad_flags_are_refused_in_one_line(task_dir, tmp_path, extra, words, cap
 def test_torchrun_two_ranks_equal_one_process(reference, task_dir, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "qedprobe.cli",
-           *argv(task_dir, out, model_args=f"pretrained={MICRO},batch_size=2,device=cpu")]
+           *argv(task_dir, out, model_args=f"pretrained={MICRO}"), "--device", "cpu", "--batch-size", "2"]
     proc = subprocess.run(cmd, cwd=TESTS, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 from qedprobe import dist
-from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail
 from qedprobe.eval.spec import parse_float_list
 from qedprobe.eval.store import SweepError
 
-from .evaluation import summary_table
+from .evaluation import add_threads_flag, set_threads, summary_table
 
 __all__ = ["register", "run_lmeval_cmd"]
 
@@ -31,7 +31,7 @@ PROTOCOL = "niah_single_1,niah_single_2,niah_single_3,fda,swde,squad_completion"
 def register(subparsers) -> None:
     """Add ``lm-eval`` to an argparse ``subparsers`` object."""
     p = subparsers.add_parser(
-        "lm-eval", help="lm-evaluation-harness tasks vs inference-time strength s (resumable)",
+        "lm-eval", help=COMMAND_HELP["lm-eval"],
         description="Run lm-eval tasks with the qedprobe model once per strength: every (task, s, document) "
                     "once, appended to OUT/results.jsonl with its response; rerun to resume. Needs lm-eval "
                     "(pip install -e \".[lmeval]\").")
@@ -55,17 +55,33 @@ def register(subparsers) -> None:
     p.add_argument("--metric", default=None,
                    help="the per-document metric that decides right/wrong (default: RULER's per-length score, "
                         "contains, else the task's first metric)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default=None, help="as the model argument device (cuda, cuda:1, cpu; default: cuda "
+                                                   "if available; under torchrun cuda:LOCAL_RANK)")
+    p.add_argument("--dtype", default=None, help="as the model argument dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--batch-size", type=int, default=None, help="as the model argument batch_size (default 1)")
+    add_threads_flag(p)
+    p.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     p.set_defaults(func=run_lmeval_cmd)
 
 
-def _model_args(text) -> dict:
-    """``--model-args`` parsed as lm-eval parses ``--model_args``; ``strength`` is refused."""
+SHARED_FLAGS = {"device": "--device", "dtype": "--dtype", "batch_size": "--batch-size"}
+"""Model arguments that also have a flag (as ``qedprobe sweep`` has them)."""
+
+
+def _model_args(args) -> dict:
+    """``--model-args`` parsed as lm-eval parses ``--model_args``, with ``--device``, ``--dtype``
+    and ``--batch-size`` added; ``strength`` and an argument given both ways are refused."""
     from lm_eval.utils import simple_parse_args_string
-    args = simple_parse_args_string(text)
-    if "strength" in args:
+    margs = simple_parse_args_string(args.model_args)
+    if "strength" in margs:
         raise SweepError("--model-args strength: the strengths come from --strengths")
-    return args
+    for name, flag in SHARED_FLAGS.items():
+        value = getattr(args, name)
+        if value is not None and name in margs:
+            raise SweepError(f"{flag} and --model-args {name} both given: pass one")
+        if value is not None:
+            margs[name] = value
+    return margs
 
 
 def _metadata(text) -> dict:
@@ -84,7 +100,8 @@ def _checked(args):
     """Everything that needs neither tasks nor weights: ``(model args, strengths, tasks, metadata)``."""
     from qedprobe.lmeval.load import parse_model_args, resolve_device
     from qedprobe.lmeval.run import check_grid
-    margs = _model_args(args.model_args)
+    set_threads(args)
+    margs = _model_args(args)
     checked = parse_model_args(**margs)
     strengths = parse_float_list(args.strengths, "--strengths")
     check_grid(strengths, args.ref_strength, args.limit, allow_extrapolation=checked.allow_extrapolation)

@@ -47,8 +47,8 @@ from qedprobe.eval.store import SweepError, open_store, strength_key
 from qedprobe.eval.summary import summarize_folder
 from qedprobe.lam import check_strengths
 
-__all__ = ["LMEVAL_FORMAT", "FEWSHOT_SEED", "load_tasks", "task_manager", "check_grid", "select_docs", "lmeval_config", "Chunk", "plan_chunks",
-           "run_chunk", "sample_rows", "run_lmeval"]
+__all__ = ["LMEVAL_FORMAT", "FEWSHOT_SEED", "load_tasks", "task_manager", "check_grid", "select_docs",
+           "lmeval_config", "Chunk", "plan_chunks", "run_chunk", "sample_rows", "run_lmeval"]
 
 LMEVAL_FORMAT = "lm-eval"
 """The rows' ``format``: the task's own prompt and metric, as lm-eval defines them."""
@@ -115,9 +115,11 @@ def _task_record(task, docs: list[int]) -> dict:
 
 def lmeval_config(lm, tasks: dict, docs: dict, *, limit, strengths, ref_strength) -> dict:
     """``config.json`` of an lm-eval folder: the documents (``samples_spec``: per task its record
-    and document count; ``docs``: each task's :func:`select_docs`), the intervention (``layers``, ``heads``, ``phase``), the model (folder,
-    config, dtype, tokenizer, injected ``qed_lambda``/``qed_arm``, the weights' SHA-256), the
-    strengths and ``ref_strength``. A rerun must agree on all but the strengths."""
+    and the count of ``docs[task]``, its :func:`select_docs`), the intervention (``layers``,
+    ``heads``, ``phase``), the model (folder, config, dtype, the ``tokenizer`` argument (None: the
+    model's own), injected ``qed_lambda``/``qed_arm``, the weights' SHA-256), the strengths and
+    ``ref_strength``. A rerun must agree on all but the strengths (a moved model folder with the
+    same weights resumes, as a sweep's)."""
     from qedprobe.eval.spec import model_fingerprint
     from qedprobe.model.checkpoint import state_dict_sha256
     a = lm.args
@@ -128,7 +130,7 @@ def lmeval_config(lm, tasks: dict, docs: dict, *, limit, strengths, ref_strength
                          "heads": None if a.heads is None else list(a.heads), "phase": a.phase},
         "model": {"id": str(Path(a.pretrained).resolve()), "config": model_fingerprint(lm.model.cfg),
                   "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
-                  "tokenizer": lm.tokenizer.name, "qed_lambda": a.qed_lambda,
+                  "tokenizer": a.tokenizer, "qed_lambda": a.qed_lambda,
                   "qed_arm": None if a.qed_lambda is None else a.qed_arm,
                   "weights": state_dict_sha256(lm.model)},
         "lengths": [], "strengths": [float(s) for s in strengths], "ref_strength": float(ref_strength),
