@@ -93,9 +93,11 @@ def test_gate_shape_is_checked(shape, msg):
 # --- GPU --------------------------------------------------------------------------------------
 
 def _fla_case(form, T_, dtype, seed=0):
-    """Random bf16/float32 inputs at a model-like shape: 2 q/k heads, 4 value heads, K = V = 64."""
+    """Random bf16/float32 inputs at a model-like shape, K = V = 64, 4 value heads: 2 q/k heads for
+    Gated DeltaNet (grouped value heads, as Qwen3.5), 4 for KDA (one value head per q/k head, as
+    Kimi-Linear)."""
     gen = torch.Generator().manual_seed(seed)
-    Bq, Hq, HVq, D = 1, 2, 4, 64
+    Bq, Hq, HVq, D = 1, 2 if form == "gdn" else 4, 4, 64
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     g = -torch.rand(Bq, T_, HVq, *(() if form == "gdn" else (D,)), generator=gen) * 0.1
     x = dict(q=r(Bq, T_, Hq, D), k=r(Bq, T_, Hq, D), v=r(Bq, T_, HVq, D), g=g,
