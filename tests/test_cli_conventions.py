@@ -4,6 +4,8 @@ and a per-layer table."""
 import argparse
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,31 @@ def test_every_option_with_a_default_shows_it_in_help():
                 continue
             entry = blocks[action.option_strings[0]]
             assert "default" in entry, f"{name}: {entry!r}"
+
+
+def test_top_level_help_imports_neither_torch_nor_transformer_lens():
+    code = ("import sys\nfrom qedprobe.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in ('torch', 'transformer_lens') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "train-tokenizer" in out and "LOADED []" in out, out
+
+
+def test_every_option_has_a_help_text_in_plain_words():
+    for name, parser in _subparsers().items():
+        missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+        assert not missing, f"{name}: options without help {missing}"
+        text = parser.format_help()
+        assert "``" not in text and ":mod:" not in text, f"{name}: reST in --help"
+    dtype = _help_blocks(_subparsers()["sweep"])["--dtype"]
+    assert dtype.count("auto") == 2 and "(default: auto)" not in dtype, dtype  # the choices, and once explained
+
+
+def test_train_help_shows_each_presets_value():
+    blocks = _help_blocks(_subparsers()["train"])
+    for flag, shown in (("--arm", "(default: full)"), ("--seed", "(default: 0)"),
+                        ("--steps", "(default: micro 200, small 1500)"), ("--lr", "(default: micro 0.003, small 0.0015)"),
+                        ("--seq-len", "(default: micro 512, small 1024)"), ("--device", "(default: micro cpu, small cuda)")):
+        assert shown in blocks[flag], blocks[flag]
 
 
 def test_negative_strength_lists_need_no_equals_sign():

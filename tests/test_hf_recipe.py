@@ -43,7 +43,7 @@ def qwen_folder(tmp_path_factory):
 
 
 def _readme_recipe() -> str:
-    section = README.read_text().split("## Pretrained Gated DeltaNet models", 1)[1]
+    section = README.read_text().split("## Pretrained linear-attention models from transformers", 1)[1]
     return re.search(r"```python[^\n]*\n(.*?)```", section, re.S).group(1)  # tagged check-only in README
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from qedprobe import dist
-from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail
 from qedprobe.eval import sweep
 from qedprobe.eval.eig import run_eig, task_batches, text_batches
 from qedprobe.eval.report import build_report
@@ -48,8 +48,9 @@ def _idx_list(text, name):
 
 def _common_model_args(p):
     p.add_argument("--model", required=True,
-                   help="folder written by QEDModel.save_pretrained, or a transformers Qwen3.5 / "
-                        "Qwen3-Next / OLMo-Hybrid folder (qedprobe.hf)")
+                   help="folder written by QEDModel.save_pretrained, or a transformers folder of a "
+                        "delta-rule family (qedprobe.hf.SUPPORTED: Qwen3.5, Qwen3-Next, OLMo-Hybrid, "
+                        "Qwen4-Exp, Lara-Mini, Kimi-Linear, Bailing-Hybrid, GLM-5-Next)")
     p.add_argument("--tokenizer", default=None,
                    help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder "
                         "(default: the --model folder when it is a transformers folder or holds a "
@@ -61,7 +62,7 @@ def _common_model_args(p):
                    help="erase direction of --qed-lambda")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+                   help="weights dtype; auto (the default) is bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--layers", default=None, help="comma list of layers whose lambda s scales (default all)")
     p.add_argument("--heads", default=None, help="comma list of heads whose lambda s scales (default all)")
     p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
@@ -88,7 +89,7 @@ def register(subparsers) -> None:
 
 
 def _register_sweep(subparsers) -> None:
-    p = subparsers.add_parser("sweep", help="NIAH accuracy vs inference-time strength s (resumable)",
+    p = subparsers.add_parser("sweep", help=COMMAND_HELP["sweep"],
                               description="Run a strength sweep: every (length, s, sample) once, "
                                           "appended to OUT/results.jsonl; rerun to resume.")
     _common_model_args(p)
@@ -127,12 +128,12 @@ def _register_sweep(subparsers) -> None:
                         "fast path a QEDModel runs on CUDA by default) and eager decode steps (as --eager-decode)")
     p.add_argument("--eager-decode", action="store_true",
                    help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     p.set_defaults(func=run_sweep_cmd)
 
 
 def _register_report(subparsers) -> None:
-    p = subparsers.add_parser("report", help="several sweeps side by side, with paired tests",
+    p = subparsers.add_parser("report", help=COMMAND_HELP["report"],
                               description="Markdown tables and a figure from sweep folders.")
     p.add_argument("sweeps", nargs="+", help="sweep output folders")
     p.add_argument("--labels", default=None, help="comma list of column labels (default: folder names)")
@@ -144,7 +145,7 @@ def _register_report(subparsers) -> None:
 
 
 def _register_eig(subparsers) -> None:
-    p = subparsers.add_parser("eig", help="streaming histograms of e_t, rho_t, ||S^T d||, sigma_max(M_t)",
+    p = subparsers.add_parser("eig", help=COMMAND_HELP["eig"],
                               description="Run a task or a text file through the model and save "
                                           "per-layer, per-head statistics of the erase factor.")
     _common_model_args(p)
@@ -158,7 +159,7 @@ def _register_eig(subparsers) -> None:
     p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
     p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     p.set_defaults(func=run_eig_cmd)
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from qedprobe import dist
-from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail
 from qedprobe.eval.spec import parse_float_list
 from qedprobe.eval.store import SweepError
 
@@ -31,7 +31,7 @@ PROTOCOL = "niah_single_1,niah_single_2,niah_single_3,fda,swde,squad_completion"
 def register(subparsers) -> None:
     """Add ``lm-eval`` to an argparse ``subparsers`` object."""
     p = subparsers.add_parser(
-        "lm-eval", help="lm-evaluation-harness tasks vs inference-time strength s (resumable)",
+        "lm-eval", help=COMMAND_HELP["lm-eval"],
         description="Run lm-eval tasks with the qedprobe model once per strength: every (task, s, document) "
                     "once, appended to OUT/results.jsonl with its response; rerun to resume. Needs lm-eval "
                     "(pip install -e \".[lmeval]\").")
@@ -60,7 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default=None, help="as the model argument dtype (default auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--batch-size", type=int, default=None, help="as the model argument batch_size (default 1)")
     add_threads_flag(p)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     p.set_defaults(func=run_lmeval_cmd)
 
 
