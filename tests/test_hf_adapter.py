@@ -435,7 +435,7 @@ def _paths(hf, model, ids) -> dict:
     is installed; the adapted model with nothing hooked runs it too) and qedprobe's op."""
     def run(hooks):
         with model.hooks(fwd_hooks=hooks):
-            logits = hf(ids).logits
+            logits = hf(ids, use_cache=False).logits
             gen = hf.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True,
                               return_dict_in_generate=True, pad_token_id=0)
         return logits, torch.stack(gen.logits, 1), gen.sequences[0, ids.shape[1]:].tolist()
@@ -462,7 +462,7 @@ def test_gpu_lambda_zero_matches_transformers_at_4096_tokens(family):
         assert _max_diff(paths["ours"][part], ref) <= bound, (family, part)
     agree = next((i for i, (a, b) in enumerate(zip(paths["default"][2], ref_tokens)) if a != b), NEW)
     assert paths["ours"][2][:agree] == ref_tokens[:agree]
-    assert torch.equal(model(ids), hf(ids).logits)  # free when off: the default path itself
+    assert torch.equal(model(ids), hf(ids, use_cache=False).logits)  # free when off: the default path itself
 
 
 @torch.no_grad()
