@@ -44,6 +44,15 @@ class MixerState(NamedTuple):
     conv: tuple
 
 
+def log_decay(f: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, heads: int,
+              dtype: torch.dtype) -> torch.Tensor:
+    """``g = -exp(A_log_h) * softplus(f + dt_bias)`` from the decay projection ``f`` ``[..., H * K]``
+    (``F2 F1 x``), ``[..., H, K]`` in ``dtype`` (float32, or float64 for a float64 model): the
+    mixer's log-decay, also the fast path's (``fast.py``)."""
+    g = F.softplus(f.to(dtype) + dt_bias.to(dtype))
+    return -A_log.to(dtype).exp().unsqueeze(-1) * g.unflatten(-1, (heads, -1))
+
+
 def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter, a_range, dt_range) -> None:
     """Decay initialisation (fla's with QEDConfig's default ranges): ``exp(A_log) ~ U(a_range)``;
     ``softplus(dt_bias) = dt`` with ``dt`` log-uniform in ``dt_range``."""
@@ -91,9 +100,8 @@ class QEDMixer(HookedRecurrence):
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """``g = -exp(A_log_h) * softplus(f_proj(x) + dt_bias)``, ``[B, T, H, K]`` in float32
         (float64 for a float64 model)."""
-        ct = torch.promote_types(x.dtype, torch.float32)
-        g = F.softplus(self.f_proj(x).to(ct) + self.dt_bias.to(ct))
-        return -self.A_log.to(ct).exp().unsqueeze(-1) * self._heads(g, self.cfg.head_dim)
+        return log_decay(self.f_proj(x), self.dt_bias, self.A_log, self.cfg.num_heads,
+                         torch.promote_types(x.dtype, torch.float32))
 
     def lam(self, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``scale * lambda_max * sigmoid(theta)``, ``[H]`` (zeros for arm gdn2), float32
