@@ -117,11 +117,13 @@ def test_a_changed_configuration_or_model_is_refused(reference, task_dir, change
     (["--batch-size", "3"], "--batch-size and --model-args batch_size"),
     (["--dtype", "int8"], "dtype"),
     (["--threads", "0"], "--threads"),
+    (["--model-args", f"pretrained={MICRO},max_length=64"], "exceeds max_length=64"),
 ])
 def test_bad_flags_are_refused_in_one_line(task_dir, tmp_path, extra, words, capsys):
     assert main(argv(task_dir, tmp_path / "x") + extra) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("qedprobe lm-eval: error:") and words in err and "\n" not in err
+    lines = capsys.readouterr().err.strip().splitlines()  # lm-eval's own log lines come first, if any
+    errors = [i for i, line in enumerate(lines) if line.startswith("qedprobe lm-eval: error:")]
+    assert errors == [len(lines) - 1] and words in lines[-1]
 
 
 def test_torchrun_two_ranks_equal_one_process(reference, task_dir, tmp_path):

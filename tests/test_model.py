@@ -7,7 +7,7 @@ pytest.importorskip("transformer_lens", reason="the hooked model needs transform
 from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
 from qedprobe.model import LambdaScale, QEDModel, strength
 from qedprobe.model import decode_step as decode_step_module
-from qedprobe.model import mixer as mixer_module
+from qedprobe.model import recurrence as recurrence_module
 from qedprobe.model.strength import active_lambda_scale
 
 from helpers import ids, tiny
@@ -63,13 +63,13 @@ def test_pos_slice_cuts_the_position_axis(model):
 
 def test_probes_requested_only_when_hooked(model, monkeypatch):
     asked = []
-    real = mixer_module.qed_attention
+    real = recurrence_module.qed_attention
 
     def spy(*args, **kw):
         asked.append((kw["return_probes"], kw["d"] is not None))
         return real(*args, **kw)
 
-    monkeypatch.setattr(mixer_module, "qed_attention", spy)
+    monkeypatch.setattr(recurrence_module, "qed_attention", spy)
     x = ids()
     plain = model(x)
     assert asked == [(False, False)] * 2

@@ -48,8 +48,9 @@ def _idx_list(text, name):
 
 def _common_model_args(p):
     p.add_argument("--model", required=True,
-                   help="folder written by QEDModel.save_pretrained, or a transformers Qwen3.5 / "
-                        "Qwen3-Next / OLMo-Hybrid folder (qedprobe.hf)")
+                   help="folder written by QEDModel.save_pretrained, or a transformers folder of a "
+                        "delta-rule family (qedprobe.hf.SUPPORTED: Qwen3.5, Qwen3-Next, OLMo-Hybrid, "
+                        "Qwen4-Exp, Lara-Mini, Kimi-Linear, Bailing-Hybrid, GLM-5-Next)")
     p.add_argument("--tokenizer", default=None,
                    help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder "
                         "(default: the --model folder when it is a transformers folder or holds a "

@@ -154,7 +154,8 @@ class EigAccumulator:
         n = int(np.prod(lead))
         k = k.reshape(n, H, K)
         k = l2_normalize(k)
-        b = t["b"].double().reshape(n, H, K)
+        b = t["b"].double()  # a scalar gate [..., H] (a transformers model's beta) acts on every channel
+        b = (b if b.dim() == t["k"].dim() else b.unsqueeze(-1)).expand(t["k"].shape).reshape(n, H, K)
         d = t["d"].double().reshape(n, H, K)
         lam = t["lambda"].double()
         lam = lam.expand(*lead, H).reshape(n, H) if lam.dim() == 1 else lam.reshape(n, H)

@@ -53,10 +53,11 @@ from qedprobe.kernels.qed.inputs import value_checks_enabled
 from qedprobe.ops import qed_attention
 
 from .hooked import hooks_attached
-from .mixer import MixerState
+from .layers import conv_taps, rms_norm, swiglu
+from .mixer import MixerState, log_decay
 
 __all__ = ["FastPath", "TokenLayout", "fast_path", "has_fast_path", "fast_path_setting", "active_fast_path", "fast_path_key", "fast_block_runner",
-           "conv_silu", "rms_norm"]
+           "conv_silu"]
 
 COMPILE_OPTIONS = {"emulate_precision_casts": True, "combo_kernels": True}
 """inductor options: round to the model's dtype where the plain path does (bf16 between ops);
@@ -192,16 +193,6 @@ class TokenLayout:
 
 
 # ---------------------------------------------------------------------------- the regions
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (times ``sigmoid(gate)``), in
-    float32, returned in ``x``'s dtype: the plain path's ``RMSNorm``."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-    if gate is not None:
-        y = y * torch.sigmoid(gate.float())
-    return y.to(x.dtype)
-
-
 def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias, cache, layout: TokenLayout | None):
     """Causal depthwise convolution + SiLU of ``x`` ``[B, T, D]`` (``weight`` ``[D, 1, W]``):
     ``(y [B, T, D], cache [N, D, W-1])``, as ``ShortConvolution``.
@@ -214,16 +205,7 @@ def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias, cache, layout: TokenL
     W = weight.shape[-1]
     hist = x.new_zeros(B, W - 1, D) if cache is None else cache.transpose(1, 2).to(x.dtype)
     xp = torch.cat([hist, x], dim=1)
-    xf, w = xp.float(), weight[:, 0].float()
-    y = None
-    for j in range(W):
-        tap = xf[:, j:j + T] * w[:, j]
-        if layout is not None and j < W - 1:
-            tap = torch.where((layout.pos >= W - 1 - j)[:, None], tap, 0.0)
-        y = tap if y is None else y + tap
-    if bias is not None:
-        y = y + bias.float()
-    y = F.silu(y).to(x.dtype)
+    y = conv_taps(xp.float(), weight, bias, T, None if layout is None else W - 1 - layout.pos).to(x.dtype)
     if layout is None:
         tail = xp[:, T:]
     else:
@@ -249,9 +231,7 @@ def mixer_inputs(x, norm_w, eps: float, w_in, splits: tuple, f2, convs, caches, 
         y, tail = conv_silu(raw, weight, bias, cache, layout)
         outs.append(y.unflatten(-1, (heads, -1)))
         tails.append(cache.copy_(tail) if caches_in_place else tail)
-    ct = torch.promote_types(x.dtype, torch.float32)
-    g = F.softplus(F.linear(f_low, f2).to(ct) + dt_bias.to(ct))
-    g = -A_log.to(ct).exp().unsqueeze(-1) * g.unflatten(-1, (heads, -1))
+    g = log_decay(F.linear(f_low, f2), dt_bias, A_log, heads, torch.promote_types(x.dtype, torch.float32))
     b = b_raw.sigmoid().unflatten(-1, (heads, -1))
     w = w_raw.sigmoid().unflatten(-1, (heads, -1))
     return (*outs, b, w, g, g_low, tuple(tails))
@@ -263,7 +243,7 @@ def block_outputs(x, o, g_low, g2, g2_bias, o_norm_w, o_eps: float, w_o, mlp_nor
     gate = F.linear(g_low, g2, g2_bias).unflatten(-1, o.shape[-2:])
     mid = x + F.linear(rms_norm(o, o_norm_w, o_eps, gate).flatten(-2), w_o)
     a, u = F.linear(rms_norm(mid, mlp_norm_w, eps), w_gu).chunk(2, dim=-1)
-    return mid + F.linear(F.silu(a) * u, w_down)
+    return mid + F.linear(swiglu(a, u), w_down)
 
 
 @functools.cache
