@@ -110,12 +110,28 @@ def save_accuracy_figure(fig, ax, path: Path, *, xlabel: str, title=None, length
     return Path(path)
 
 
-def plot_title(model_id, arm, task, seed, layers, heads, phase) -> str:
-    """``"recall-full-s1 (arm full), s-niah-1, seed 0"``, plus where the strength acts when not everywhere."""
+def task_label(task) -> str:
+    """A task generator's name with the settings that define its prompts, ``"mk-niah (legacy, 8
+    needles, prose haystack)"``; a plain name stays as it is."""
+    if not hasattr(task, "describe"):
+        return str(task)
+    d = task.describe()
+    parts = [d.get("format")]
+    parts += [f"{d['num_needles']} needles"] if (d.get("num_needles") or 1) > 1 else []
+    parts += [f"{d['haystack']} haystack"] if d.get("haystack") else []
+    parts += ["foreign-key control"] if d.get("control") else []
+    return f"{d['task']} ({', '.join(p for p in parts if p)})"
+
+
+def plot_title(model_id, arm, task, seed, layers, heads, phase, samples=None) -> str:
+    """``"recall-full-s1 (arm full), s-niah-1 (legacy, noise haystack), 10 prompts per cell, seed 0"``
+    (``task``: a name or a task generator, :func:`task_label`), plus where the strength acts
+    when not everywhere."""
     name = Path(model_id).name if model_id else "model"
     where = [f"{k} {v}" for k, v in (("layers", layers), ("heads", heads)) if v is not None]
     where += [f"{phase} only"] if phase != "all" else []
-    return f"{name} (arm {arm}), {task}, seed {seed}" + (f"; s on {', '.join(where)}" if where else "")
+    n = f", {samples} prompts per cell" if samples else ""
+    return f"{name} (arm {arm}), {task_label(task)}{n}, seed {seed}" + (f"; s on {', '.join(where)}" if where else "")
 
 
 def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
