@@ -25,7 +25,7 @@ from qedprobe.hf.folder import folder_config, is_transformers_folder
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder
 from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
-from qedprobe.model import hook_name, strength
+from qedprobe.model import LambdaScale, hook_name, strength
 from qedprobe.model.hooked import MIXER_HOOKS
 
 from helpers import HF_FAMILIES, HF_KDA_FAMILIES, HF_VOCAB, hf_ids, hf_torch_reference, tiny_hf
@@ -279,6 +279,23 @@ def test_strength_phases_in_generate_and_recorders_in_every_step():
     k_hat = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + 1e-6)
     expect = 1 - b * (k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()
     torch.testing.assert_close(cache["blocks.0.linear_attn.hook_e"].double(), expect, rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_lambda_scale_given_to_a_call_is_the_strength_block_around_it():
+    """``lambda_scale=`` reaches the layers transformers calls, as a ``strength`` block does, and
+    replaces the blocks around the call for that call only."""
+    model = inject_qed(adapt(tiny_hf("qwen3_5")), 0.2, arm="full")
+    ids, prompts = hf_ids(), [[5, 6, 7, 8, 9], [10, 11, 12]]
+    base = model(ids)
+    scale = LambdaScale.select(model, 0.0, layers=[2], phase="decode")
+    with strength(model, 0.0, layers=[2], phase="decode"):
+        blocked, new = model(ids), model.generate(prompts, 4, return_type="new_tokens")
+    assert torch.equal(model(ids, lambda_scale=scale), blocked)
+    assert model.generate(prompts, 4, return_type="new_tokens", lambda_scale=scale) == new
+    with strength(model, 0.0):
+        torch.testing.assert_close(model(ids, lambda_scale=LambdaScale()), base, rtol=0, atol=0)
+        assert float((model(ids) - base).abs().max()) > 1e-4
 
 
 def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):

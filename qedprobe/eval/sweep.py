@@ -33,7 +33,7 @@ from torch._dynamo.exc import TorchDynamoException
 from tqdm.auto import tqdm
 
 from qedprobe import dist
-from qedprobe.model import QEDModel, fast_path, strength
+from qedprobe.model import LambdaScale, QEDModel, fast_path
 from qedprobe.model.checkpoint import state_dict_sha256
 from qedprobe.model.fast import has_fast_path
 from qedprobe.model.packing import pack_prompts
@@ -265,10 +265,11 @@ class Timings(dict):
 def generate_at(model, prompts, n_new: int, s: float, spec: SweepSpec, eos_id):
     """Greedy continuations ``[B][n_new]`` of packed ``prompts`` with lambda scaled by ``s`` where
     ``spec`` says (``layers``, ``heads``, ``phase``)."""
-    with torch.inference_mode(), strength(model, s, layers=spec.layers, heads=spec.heads, phase=spec.phase,
-                                          allow_extrapolation=spec.allow_extrapolation):
+    scale = LambdaScale.select(model, s, layers=spec.layers, heads=spec.heads, phase=spec.phase,
+                               allow_extrapolation=spec.allow_extrapolation)
+    with torch.inference_mode():
         return model.generate(prompts, n_new, eos_token_id=eos_id, do_sample=False, return_type="new_tokens",
-                              cuda_graph=spec.cuda_graph)
+                              cuda_graph=spec.cuda_graph, lambda_scale=scale)
 
 
 def rows_from_outputs(nt, length: int, s: float, samples: dict, outputs, seed: int) -> list[dict]:

@@ -31,7 +31,7 @@ from transformer_lens.hook_points import HookPoint
 from qedprobe.model.generate import DEFAULT_MAX_NEW_TOKENS, as_output, checked_generate_inputs, until_stop
 from qedprobe.model.hooked import HookedModel
 from qedprobe.model.model import RETURN_TYPES, next_token_loss, right_padded_lengths
-from qedprobe.model.strength import LambdaScale, active_lambda_scale
+from qedprobe.model.strength import LambdaScale, active_lambda_scale, call_lambda_scale
 
 from . import route
 from .cache import HFActivationCache
@@ -139,7 +139,8 @@ class HFQEDModel(HookedModel):
 
     def forward(self, input, return_type: str | None = "logits", loss_per_token: bool = False, *,
                 attention_mask: torch.Tensor | None = None, prepend_bos: bool | None = None,
-                start_at_layer: int | None = None, stop_at_layer: int | None = None, tokens=None) -> torch.Tensor:
+                start_at_layer: int | None = None, stop_at_layer: int | None = None, tokens=None,
+                lambda_scale: LambdaScale | None = None) -> torch.Tensor:
         """``input`` ``[B, T]`` token ids (or a text / list of texts, through :meth:`to_tokens`)
         -> logits ``[B, T, vocab]`` (a prefill pass, no cache), as ``QEDModel.forward``.
 
@@ -148,6 +149,7 @@ class HFQEDModel(HookedModel):
         on the right (left pads would enter the recurrent state); the loss leaves out the targets
         at and after a pad. ``start_at_layer`` / ``stop_at_layer`` / ``tokens`` are refused by
         name: transformers' decoder layers have no hook points to stop or start at.
+        ``lambda_scale``: this pass's strength (default: the ``strength`` blocks around it).
         """
         for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer), ("tokens", tokens)):
             if value is not None:
@@ -162,7 +164,8 @@ class HFQEDModel(HookedModel):
             raise ValueError(f"HFQEDModel: `input` must be token ids [B, T] (an integer tensor) or text, got {got}")
         lengths = right_padded_lengths(attention_mask, input.shape)
         mask = None if attention_mask is None else torch.as_tensor(attention_mask).to(self.device)
-        logits = self.hf_model(input_ids=input.to(self.device), attention_mask=mask, use_cache=False).logits
+        with call_lambda_scale(self, lambda_scale):
+            logits = self.hf_model(input_ids=input.to(self.device), attention_mask=mask, use_cache=False).logits
         if return_type in ("logits", None):
             return None if return_type is None else logits
         loss = next_token_loss(logits, input, lengths, loss_per_token)
@@ -173,7 +176,8 @@ class HFQEDModel(HookedModel):
                  eos_token_id: int | list[int] | None = None, stop_at_eos: bool = True,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, generator: torch.Generator | None = None,
-                 return_type: str = "input", pad_token_id: int | None = None, cuda_graph: bool = True):
+                 return_type: str = "input", pad_token_id: int | None = None, cuda_graph: bool = True,
+                 lambda_scale: LambdaScale | None = None):
         """As ``QEDModel.generate`` (same arguments and result: the prompts with their new tokens
         in the input's form, or ``return_type="new_tokens"``), by transformers' ``generate`` with
         its own cache.
@@ -198,7 +202,7 @@ class HFQEDModel(HookedModel):
             sampling = dict(temperature=temperature, top_k=top_k or 0, top_p=top_p or 1.0) if do_sample else {}
             gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, **sampling,
                                    eos_token_id=list(stop_ids) or None, pad_token_id=stop_ids[0] if stop_ids else 0)
-            with _defaults_only(self.hf_model):
+            with _defaults_only(self.hf_model), call_lambda_scale(self, lambda_scale):
                 for who, ids in packed.by_length():
                     out = self.hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
                     for i, toks in zip(who, until_stop(out[:, ids.shape[1]:].tolist(), stop_ids)):

@@ -76,9 +76,33 @@ _ACTIVE_BLOCKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe
 """The ``strength`` blocks active in this context: ``((model, StrengthFactor), ...)``, as entered."""
 
 
+_CALL_SCALES: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe_call_scales", default=())
+"""The scales given to the calls now running (:func:`call_lambda_scale`): ``((model, LambdaScale), ...)``."""
+
+
 def active_lambda_scale(model) -> LambdaScale:
-    """The :class:`LambdaScale` of the ``strength`` blocks around this call that name ``model``."""
+    """The :class:`LambdaScale` that ``model``'s layers apply now: the one given to the innermost
+    call of ``model`` that was given one (:func:`call_lambda_scale`), else that of the
+    ``strength`` blocks around this call that name ``model``."""
+    given = next((scale for owner, scale in reversed(_CALL_SCALES.get()) if owner is model), None)
+    if given is not None:
+        return given
     return LambdaScale(tuple(factor for owner, factor in _ACTIVE_BLOCKS.get() if owner is model))
+
+
+@contextlib.contextmanager
+def call_lambda_scale(model, scale: LambdaScale | None):
+    """Inside this block ``model``'s layers apply ``scale`` (None: nothing changes): how a call
+    given ``lambda_scale=`` hands it to layers that another library calls (``qedprobe.hf``:
+    transformers runs the decoder layers)."""
+    if scale is None:
+        yield
+        return
+    token = _CALL_SCALES.set(_CALL_SCALES.get() + ((model, scale),))
+    try:
+        yield
+    finally:
+        _CALL_SCALES.reset(token)
 
 
 def index_selection(name: str, value, allowed, who: str = "strength") -> list[int]:
