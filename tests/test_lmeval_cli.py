@@ -139,3 +139,24 @@ def test_torchrun_two_ranks_equal_one_process(reference, task_dir, tmp_path):
     assert Counter(map(key, on_disk)) == Counter(dict.fromkeys(reference[1], 1))
     assert {key(r): r for r in on_disk} == reference[1]
     assert (out / "summary.csv").read_text() == (reference[0] / "summary.csv").read_text()
+
+
+def _logged(doc_id, metrics, *, doc=None, filt="none", resp="x"):
+    """A sample as lm-eval's ``evaluate`` logs it."""
+    return {"doc_id": doc_id, "doc": doc or {}, "metrics": list(metrics), **metrics, "filter": filt,
+            "filtered_resps": [resp], "target": "y", "doc_hash": "d", "prompt_hash": "p"}
+
+
+def test_sample_rows_pick_the_metric_length_and_filter():
+    ruler = run.sample_rows("niah", 0.5, [_logged(0, {"4096": -1.0, "1024": 0.5}, doc={"max_length": 1024})])
+    assert [(r["task"], r["length"], r["score"], r["correct"]) for r in ruler] == [("niah", 1024, 0.5, False)]
+    two = [_logged(3, {"exact_match": 1.0}, filt="strict"), _logged(3, {"exact_match": 0.0}, filt="flexible")]
+    rows = run.sample_rows("gsm", 1.0, two)
+    assert [(r["task"], r["sample_id"], r["correct"], r["prompt_sha"]) for r in rows] == \
+        [("gsm/strict", 3, True, "p"), ("gsm/flexible", 3, False, "p")]
+    mc = run.sample_rows("mc", 1.0, [_logged(0, {"acc": 0.0, "acc_norm": 1.0})], metric="acc_norm")
+    assert mc[0]["score"] == 1.0 and mc[0]["metrics"] == {"acc": 0.0, "acc_norm": 1.0}
+    with pytest.raises(run.SweepError, match="--metric f1: task mc reports acc, acc_norm"):
+        run.sample_rows("mc", 1.0, [_logged(0, {"acc": 0.0, "acc_norm": 1.0})], metric="f1")
+    with pytest.raises(run.SweepError, match="word_perplexity .* not a number"):
+        run.sample_rows("wikitext", 1.0, [_logged(0, {"word_perplexity": (-3.5, 2)})])
