@@ -3,13 +3,15 @@ the CLI's own words, output-folder checks, and negative number lists as option v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 __all__ = ["COMMAND_HELP", "HelpFormatter", "fail", "cli_words", "check_out_folder", "join_negative_values",
-           "plain_text"]
+           "one_line_warnings", "plain_text"]
 
 COMMAND_HELP = {
     "demo": "worked example + probe table of a random QED layer per arm",
@@ -60,6 +62,17 @@ def fail(cmd: str, message, flags: dict | None = None) -> int:
     text = cli_words(message, flags or {}).removeprefix(f"{cmd}: ")
     print(f"qedprobe {cmd}: error: {text}", file=sys.stderr)
     return 2
+
+
+@contextlib.contextmanager
+def one_line_warnings(cmd: str):
+    """Inside the block every warning prints as one line ``qedprobe CMD: warning: MESSAGE`` on
+    stderr (not Python's ``file:line: Category`` and the source line)."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"qedprobe {cmd}: warning: {message}", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def check_out_folder(path, flag="--out") -> None:

@@ -187,12 +187,13 @@ HF_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid", "qwen4_exp
 HF_KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 
 
-def _hf_config(family: str):
+def _hf_config(family: str, vocab_size: int):
     """The tiny transformers config of ``family`` (transformers' own config class)."""
     import transformers as tr
-    gdn = dict(HF_COMMON, head_dim=16, linear_value_head_dim=16)
+    common, kda = dict(HF_COMMON, vocab_size=vocab_size), dict(HF_KDA, vocab_size=vocab_size)
+    gdn = dict(common, head_dim=16, linear_value_head_dim=16)
     qsa = dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4)
-    glm_text = dict(HF_KDA, layer_types=HF_INDEXED, kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16,
+    glm_text = dict(kda, layer_types=HF_INDEXED, kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16,
                     v_head_dim=16, n_routed_experts=4, moe_intermediate_size=32, num_experts_per_tok=2,
                     index_n_heads=2, index_head_dim=16, index_topk=16, linear_lower_bound=-0.5)
     glm_vision = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
@@ -202,12 +203,12 @@ def _hf_config(family: str):
         "qwen3_5_moe": lambda: tr.Qwen3_5MoeTextConfig(**gdn, **HF_MOE),
         "qwen3_next": lambda: tr.Qwen3NextConfig(**gdn, **HF_MOE),
         # OLMo-Hybrid: V = 2K and beta in (0, 2) (linear_allow_neg_eigval, its default).
-        "olmo_hybrid": lambda: tr.OlmoHybridConfig(**HF_COMMON, linear_value_head_dim=32, pad_token_id=0,
+        "olmo_hybrid": lambda: tr.OlmoHybridConfig(**common, linear_value_head_dim=32, pad_token_id=0,
                                                    eos_token_id=None),
         "qwen4_exp": lambda: tr.Qwen4ExpTextConfig(**dict(gdn, layer_types=HF_INDEXED), **HF_MOE, hc_lowrank=8, **qsa),
         "lara_mini": lambda: tr.LaraMiniConfig(**gdn),
-        "kimi_linear": lambda: tr.KimiLinearConfig(**HF_KDA, **HF_MLA, num_local_experts=4),
-        "bailing_hybrid": lambda: tr.BailingHybridConfig(**HF_KDA, **HF_MLA, head_dim=16, num_local_experts=4, n_group=1,
+        "kimi_linear": lambda: tr.KimiLinearConfig(**kda, **HF_MLA, num_local_experts=4),
+        "bailing_hybrid": lambda: tr.BailingHybridConfig(**kda, **HF_MLA, head_dim=16, num_local_experts=4, n_group=1,
                                                          topk_group=1, first_k_dense_replace=1, num_mtp_layers=0,
                                                          kda_lower_bound=-0.5),
         # GLM-5-Next exists only as an image-text model: its text model inside Glm5NextForConditionalGeneration.
@@ -219,20 +220,21 @@ def _hf_config(family: str):
 _HF_BUILT = {}
 
 
-def tiny_hf(family: str, seed: int = 0):
+def tiny_hf(family: str, seed: int = 0, vocab_size: int = HF_VOCAB):
     """A tiny random model of ``family`` (one of :data:`HF_FAMILIES`), eval mode, float32: a copy
     of one built once per process (transformers' ``from_config`` is slow on a busy machine)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    if (family, seed) not in _HF_BUILT:
+    key = (family, seed, vocab_size)
+    if key not in _HF_BUILT:
         torch.manual_seed(seed)
         auto = AutoModelForImageTextToText if family == "glm5_next" else AutoModelForCausalLM
-        model = auto.from_config(_hf_config(family)).eval()
+        model = auto.from_config(_hf_config(family, vocab_size)).eval()
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("A_log"):
                     param.copy_(torch.empty_like(param).uniform_(0.02, 0.3).log())
-        _HF_BUILT[family, seed] = model
-    return copy.deepcopy(_HF_BUILT[family, seed])
+        _HF_BUILT[key] = model
+    return copy.deepcopy(_HF_BUILT[key])
 
 
 def hf_torch_reference(model):

@@ -87,8 +87,6 @@ def test_pre_region_writes_the_decode_step_caches_in_place(backend):
     block = model.blocks[0]
     mixer = block.attn
     convs = tuple((c.weight, c.bias) for c in (mixer.q_conv1d, mixer.k_conv1d, mixer.v_conv1d))
-    splits = tuple(lin.out_features for lin in (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.b_proj,
-                                                mixer.w_proj, mixer.f_proj[0], mixer.g_proj[0]))
     torch.manual_seed(2)
     x = torch.randn(3, 1, model.cfg.hidden_size)
     caches = tuple(torch.randn(3, w.shape[0], w.shape[-1] - 1) for w, _ in convs)
@@ -96,9 +94,7 @@ def test_pre_region_writes_the_decode_step_caches_in_place(backend):
 
     def run(caches, in_place):
         with torch.inference_mode():
-            return region(x, block.attn_norm.weight, block.attn_norm.eps, *stacked_weights(block)[:1], splits,
-                          mixer.f_proj[1].weight, convs, caches, mixer.dt_bias, mixer.A_log, None,
-                          model.cfg.num_heads, in_place)
+            return region(block, x, stacked_weights(block)[0], caches, None, in_place)
     before = tuple(c.clone() for c in caches)
     new = run(caches, False)
     assert all(torch.equal(c, b) for c, b in zip(caches, before))  # not in place: the caches stay

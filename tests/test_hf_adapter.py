@@ -1,12 +1,14 @@
 """qedprobe.hf on tiny random transformers models of every supported family (CPU, nothing
-downloaded).
+downloaded): the nine model types of transformers 5.25 with a delta-rule layer (helpers.HF_FAMILIES).
 
 The reference is the unmodified transformers model on transformers' own PyTorch recurrence
-(``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``), forced with
-``transformers_torch_path``: with fla installed (as in CI) transformers would otherwise call
-fla's kernels. The adapted model runs qedprobe's op instead (on CPU: the PyTorch chunk path for
-prompts, the token loop for decode steps); the two are different algorithms, so they agree to
-float32 rounding, not bit for bit.
+(``torch_chunk_gated_delta_rule`` / ``chunk_kimi_delta_attention`` and their recurrent forms),
+forced with ``transformers_torch_path``: with fla installed (as in CI) transformers would
+otherwise call fla's kernels. An adapted layer with nothing hooked and lambda 0 calls that same
+function (free when off: bit-equal); with a hook (``OP_PATH``) or lambda injected it runs
+qedprobe's op (on CPU: the PyTorch chunk path for prompts, the token loop for decode steps), a
+different algorithm, equal to float32 rounding. The GPU tests (``-k gpu``, skipped without CUDA)
+check the Triton path at T = 4096 and a device_map over cuda:0 and the CPU.
 """
 import importlib
 import os

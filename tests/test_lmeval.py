@@ -17,7 +17,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
-from qedprobe.lmeval import ModelArgsError, QEDProbeLM  # noqa: E402
+from qedprobe.lmeval import ModelArgsError, QEDProbeLM, RequestError  # noqa: E402
 from qedprobe.model import strength  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -135,6 +135,15 @@ def test_strength_rescales_lambda(lm):
 def test_bad_model_args_are_refused_by_name(kwargs, name):
     with pytest.raises(ModelArgsError, match=name):
         QEDProbeLM(**{"pretrained": MICRO, **kwargs})
+
+
+def test_a_request_over_max_length_is_refused_not_truncated():
+    lm = QEDProbeLM(pretrained=MICRO, max_length=16)
+    assert lm.generate_until([_gen("x" * 7, until=["\n"], max_gen_toks=8)])  # BOS + 7 + 8 = 16 fits
+    with pytest.raises(RequestError, match="max_length=16"):
+        lm.generate_until([_gen("x" * 8, until=["\n"], max_gen_toks=8)])
+    with pytest.raises(RequestError, match="max_length=16"):
+        lm.loglikelihood([_ll("x" * 15, "yz")])
 
 
 def test_strength_on_gdn2_is_refused(tmp_path):

@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 
-from qedprobe.cliutil import COMMAND_HELP, HelpFormatter, join_negative_values
+from qedprobe.cliutil import COMMAND_HELP, HelpFormatter, join_negative_values, one_line_warnings
 
 COMMAND_MODULES = {"demo": "demo", "convert": "convert", "sweep": "evaluation", "report": "evaluation",
                    "eig": "evaluation", "lm-eval": "lmeval", "train": "train", "train-tokenizer": "tokenizer"}
@@ -47,4 +47,5 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    return args.func(args)
+    with one_line_warnings(args.command):
+        return args.func(args)

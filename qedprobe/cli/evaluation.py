@@ -21,6 +21,7 @@ from qedprobe import dist
 from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail
 from qedprobe.eval import sweep
 from qedprobe.eval.eig import run_eig, task_batches, text_batches
+from qedprobe.eval.plots import task_label
 from qedprobe.eval.report import build_report
 from qedprobe.eval.spec import (SweepSpec, check_eval_seed, check_model, check_strengths_for, check_tokenizer_fits,
                                 parse_float_list, parse_int_list, sweep_config)
@@ -288,6 +289,7 @@ def _load_model(path, dev, dtype, args):
 
 
 def run_sweep_cmd(args) -> int:
+    store, kept = None, 0
     try:
         spec, cfg = _sweep_spec(args)
         dev, dtype = _rank_device_dtype(args)
@@ -296,21 +298,44 @@ def run_sweep_cmd(args) -> int:
         config = sweep_config(spec, model_id=spec.model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
                               weights=state_dict_sha256(model))
         store = open_store(args.out, config)
+        kept = len(store.rows)
         try:
             result = sweep.run_sweep(model, spec, out=store)
         finally:
             store.close()
     except SweepError as exc:
         return _fail("sweep", exc)
+    except KeyboardInterrupt:  # Ctrl-C: the rows written so far are complete and kept
+        return _interrupted(args.out, store, kept)
     if dist.is_main():
-        timing = result.timing
-        ranks = f" (rank 0 of {dist.world_size()})" if dist.world_size() > 1 else ""
-        print(summary_table(result.summary))
-        print(f"wrote {Path(args.out) / 'summary.csv'} ({len(result.summary)} cells); "
-              f"model time {timing['model_s']:.1f} s{ranks}, "
-              f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s, "
-              f"{'fast path (' + result.fast_path + ')' if result.fast_path else 'plain path'}")
+        _print_sweep(result, spec, cfg.arm, args.out, computed=len(store.rows) - kept, reused=kept)
     return 0
+
+
+def _interrupted(out, store, kept: int) -> int:
+    """One line on a Ctrl-C: what the folder keeps and that a rerun resumes; exit status 130."""
+    if store is None:
+        print("qedprobe sweep: interrupted before any row was computed; nothing was written", file=sys.stderr)
+    else:
+        print(f"qedprobe sweep: interrupted; {out} keeps {len(store.rows)} rows ({len(store.rows) - kept} from "
+              "this run): run the same command again to resume from there", file=sys.stderr)
+    return 130
+
+
+def _print_sweep(result, spec, arm, out, computed: int, reused: int) -> None:
+    """What the sweep was (model, task settings, prompts per cell), its table, and what ran: the
+    model time, or that every row was already there."""
+    print(sweep.sweep_title(spec, spec.model_id, arm))
+    print(summary_table(result.summary))
+    cells = f"wrote {Path(out) / 'summary.csv'} ({len(result.summary)} cells)"
+    if computed == 0:
+        print(f"{cells}; reused the {reused} rows already in {out}: nothing to compute")
+        return
+    timing = result.timing
+    ranks = f" (rank 0 of {dist.world_size()})" if dist.world_size() > 1 else ""
+    print(f"{cells}; {computed} rows computed, model time {timing['model_s']:.1f} s{ranks}, "
+          f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s, "
+          f"{'fast path (' + result.fast_path + ')' if result.fast_path else 'plain path'}")
 
 
 def _sweep_spec(args) -> tuple[SweepSpec, object]:
@@ -360,19 +385,34 @@ def _sweep_task(args):
 
 
 def summary_table(summary, *, by_task: bool = False) -> str:
-    """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent),
-    McNemar vs the reference s. ``by_task``: a first column naming each row's task and the mean
+    """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent;
+    only when a row is in RULER's format), McNemar vs the reference s (its own row says ``ref``),
+    and a legend of ``b`` / ``c``. ``by_task``: a first column naming each row's task and the mean
     score as ``score %`` (an lm-eval folder, whose tasks have their own scores; a task without
     lengths shows ``-``)."""
-    head = "| length | s | n | accuracy | 95% CI | " + ("score %" if by_task else "RULER score %") + " | b | c | McNemar p |"
-    lines = [("| task " if by_task else "") + head, "|---" * (10 if by_task else 9) + "|"]
+    score = "score %" if by_task else "RULER score %" if any(r.get("format") == "ruler" for r in summary) else None
+    cols = ["task"] * by_task + ["length", "s", "n", "accuracy", "95% CI"] + [score] * bool(score) + ["b", "c", "McNemar p"]
+    lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
     for r in summary:
-        p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
-        task = f"| {r['task']} " if by_task else ""
-        length = "-" if r["length"] is None else r["length"]
-        lines.append(f"{task}| {length} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
-                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['score_pct']:.2f} | {r['b']} | {r['c']} | {p} |")
+        cells = ([r["task"]] if by_task else []) + ["-" if r["length"] is None else r["length"], f"{r['s']:g}", r["n"],
+                 f"{r['accuracy']:.3f}", f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"]
+        cells += [f"{r['score_pct']:.2f}"] * bool(score) + _paired_cells(r)
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    ref = next((r["ref_s"] for r in summary if r.get("ref_s") is not None), None)
+    if ref is not None:
+        lines.append(f"b: prompts right at s and wrong at the reference s = {ref:g}; c: wrong at s and right "
+                     "at the reference (the same prompts); McNemar p: exact two-sided test of b against c")
     return "\n".join(lines)
+
+
+def _paired_cells(row) -> list[str]:
+    """The ``b``, ``c`` and McNemar cells of a summary row: ``ref`` on the reference strength's
+    own row, ``-`` where no paired test ran."""
+    if row.get("ref_s") is not None and row["s"] == row["ref_s"]:
+        return ["ref", "ref", "ref"]
+    if row["mcnemar_p"] is None:
+        return ["-", "-", "-"]
+    return [str(row["b"]), str(row["c"]), f"{row['mcnemar_p']:.3g}"]
 
 
 def run_report_cmd(args) -> int:
@@ -400,23 +440,7 @@ def run_eig_cmd(args) -> int:
         check_eval_seed(args.seed)
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
-        try:
-            _check_chat_template(args)
-            tok = load_tokenizer(tokenizer_spec(args))
-            if args.text is not None:
-                if not Path(args.text).is_file():
-                    raise SweepError(f"--text {args.text!r} is not a file")
-                batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
-                                       batch_size=args.batch_size, shard=shard)
-            else:
-                nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
-                if args.length < nt.min_length():
-                    raise SweepError(f"--length {args.length} is too short for {nt.name} "
-                                     f"(need >= {nt.min_length()})")
-                batches = task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
-                                       batch_size=args.batch_size, shard=shard)
-        except (TokenizerError, ValueError, OSError) as exc:
-            raise SweepError(str(exc)) from None
+        tok, batches, label = _eig_inputs(args, shard)
         cfg = _model_config(args.model, args)
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
@@ -426,7 +450,8 @@ def run_eig_cmd(args) -> int:
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
                       total=total)
-        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
+        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "task_label": label,
+                         "format": args.format,
                          "chat_template": args.chat_template, "text": args.text, "length": args.length,
                          "samples": args.samples, "qed_lambda": args.qed_lambda,
                          "qed_arm": None if args.qed_lambda is None else args.qed_arm})
@@ -440,6 +465,26 @@ def run_eig_cmd(args) -> int:
     print(eig_table(acc.summary()))
     print(f"eig: {acc.tokens} tokens per head; wrote " + ", ".join(p.name for p in paths))
     return 0
+
+
+def _eig_inputs(args, shard):
+    """``(tokenizer, batches, label)`` of ``eig``'s inputs: ``--text`` or the task's prompts
+    (``label``: the task with its settings, :func:`qedprobe.eval.plots.task_label`; None for text)."""
+    try:
+        _check_chat_template(args)
+        tok = load_tokenizer(tokenizer_spec(args))
+        if args.text is not None:
+            if not Path(args.text).is_file():
+                raise SweepError(f"--text {args.text!r} is not a file")
+            return tok, text_batches(args.text, tok, length=args.length, samples=args.samples,
+                                     batch_size=args.batch_size, shard=shard), None
+        nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
+        if args.length < nt.min_length():
+            raise SweepError(f"--length {args.length} is too short for {nt.name} (need >= {nt.min_length()})")
+        return tok, task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
+                                 batch_size=args.batch_size, shard=shard), task_label(nt)
+    except (TokenizerError, ValueError, OSError) as exc:
+        raise SweepError(str(exc)) from None
 
 
 def eig_table(summary: dict) -> str:

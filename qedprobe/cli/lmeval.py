@@ -125,7 +125,7 @@ def _checked(args):
 def run_lmeval_cmd(args) -> int:
     if importlib.util.find_spec("lm_eval") is None:
         return fail("lm-eval", "lm-eval is not installed: pip install -e \".[lmeval]\" (lm-eval >= 0.4.13)")
-    from qedprobe.lmeval import ModelArgsError, QEDProbeLM
+    from qedprobe.lmeval import ModelArgsError, QEDProbeLM, RequestError
     from qedprobe.lmeval.run import load_tasks, run_lmeval
     try:
         margs, strengths, names, metadata = _checked(args)
@@ -135,7 +135,7 @@ def run_lmeval_cmd(args) -> int:
         title = f"{Path(lm.args.pretrained).name} (arm {lm.model.cfg.arm}), lm-eval"
         summary = run_lmeval(lm, tasks, strengths=strengths, out=args.out, ref_strength=args.ref_strength,
                              limit=args.limit, metric=args.metric, progress=not args.no_progress, title=title)
-    except (SweepError, ModelArgsError) as exc:
+    except (SweepError, ModelArgsError, RequestError) as exc:
         return fail("lm-eval", str(exc).replace("qedprobe model_args: ", "--model-args "), FLAGS)
     if dist.is_main():
         print(summary_table(summary, by_task=True))

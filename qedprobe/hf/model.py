@@ -12,8 +12,9 @@ linear-attention layers call qedprobe's op for their recurrence while one of the
 has a hook or QED is injected, and the model's own function otherwise (see :mod:`.route`);
 everything else runs as transformers wrote it. Hooks are ``blocks.{l}.linear_attn.hook_*`` for each
 linear-attention decoder layer ``l`` (``model.mixer_layers``; see :mod:`.recurrence` for the
-shapes), with ``l`` the index in ``hf_model``'s layer list, so ``blocks.{l}.linear_attn`` is
-``model.layers[l].linear_attn`` in transformers. They fire in every forward of ``hf_model``,
+shapes), with ``l`` the index in ``hf_model``'s layer list: ``blocks.{l}.linear_attn`` is
+decoder layer ``l``'s linear attention (``layers[l].linear_attn`` in transformers' GDN families,
+``layers[l].self_attn`` in its KDA families; the hook names are the same in every family). They fire in every forward of ``hf_model``,
 including its own ``generate`` (prefill and every decode step); ``qedprobe.model.strength`` and
 ``qedprobe.hooks.ProbeRecorder`` work as on a ``QEDModel``; :func:`qedprobe.hf.inject_qed`
 sets the QED term.

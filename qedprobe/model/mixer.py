@@ -44,6 +44,15 @@ class MixerState(NamedTuple):
     conv: tuple
 
 
+def log_decay(f: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, heads: int,
+              dtype: torch.dtype) -> torch.Tensor:
+    """``g = -exp(A_log_h) * softplus(f + dt_bias)`` from the decay projection ``f`` ``[..., H * K]``
+    (``F2 F1 x``), ``[..., H, K]`` in ``dtype`` (float32, or float64 for a float64 model): the
+    mixer's log-decay, also the fast path's (``fast.py``)."""
+    g = F.softplus(f.to(dtype) + dt_bias.to(dtype))
+    return -A_log.to(dtype).exp().unsqueeze(-1) * g.unflatten(-1, (heads, -1))
+
+
 def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter, a_range, dt_range) -> None:
     """Decay initialisation (fla's with QEDConfig's default ranges): ``exp(A_log) ~ U(a_range)``;
     ``softplus(dt_bias) = dt`` with ``dt`` log-uniform in ``dt_range``."""
@@ -91,9 +100,27 @@ class QEDMixer(HookedRecurrence):
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """``g = -exp(A_log_h) * softplus(f_proj(x) + dt_bias)``, ``[B, T, H, K]`` in float32
         (float64 for a float64 model)."""
-        ct = torch.promote_types(x.dtype, torch.float32)
-        g = F.softplus(self.f_proj(x).to(ct) + self.dt_bias.to(ct))
-        return -self.A_log.to(ct).exp().unsqueeze(-1) * self._heads(g, self.cfg.head_dim)
+        return self.decay(self.f_proj[0](x))
+
+    def decay(self, f_low: torch.Tensor) -> torch.Tensor:
+        """:meth:`log_decay` from the first decay projection ``f_low = F1 x`` ``[B, T, V]``."""
+        return log_decay(self.f_proj[1](f_low), self.dt_bias, self.A_log, self.cfg.num_heads,
+                         torch.promote_types(f_low.dtype, torch.float32))
+
+    def output(self, o: torch.Tensor, g_low: torch.Tensor) -> torch.Tensor:
+        """``W_o(rms_norm(o) * sigmoid(G2 g_low))`` ``[B, T, hidden]`` from the recurrence's output
+        ``o`` ``[B, T, H, V]`` and the first gate projection ``g_low = G1 x`` ``[B, T, V]``."""
+        gate = self._heads(self.g_proj[1](g_low), self.cfg.head_v_dim)
+        return self.o_proj(self.o_norm(o, gate).flatten(-2))
+
+    def run_recurrence(self, q, k, v, g, b, w, lam_scale, state: MixerState | None, cu_seqlens,
+                       want_state: bool, state_in_place: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`recur` with this layer's lambda (times ``lam_scale``), arm, directions and op,
+        continuing ``state``'s recurrent state: ``(o [B, T, H, V], final state or None)``."""
+        cfg = self.cfg
+        return self.recur(q, k, v, g, b, w, self.lam(lam_scale), arm=cfg.arm, z=self.z, mode=cfg.op_mode,
+                          initial_state=None if state is None else state.recurrent, output_final_state=want_state,
+                          cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
 
     def lam(self, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``scale * lambda_max * sigmoid(theta)``, ``[H]`` (zeros for arm gdn2), float32
@@ -122,13 +149,11 @@ class QEDMixer(HookedRecurrence):
         q, cq = self.q_conv1d(self.q_proj(x), conv_in[0], cu_seqlens)
         k, ck = self.k_conv1d(self.k_proj(x), conv_in[1], cu_seqlens)
         v, cv = self.v_conv1d(self.v_proj(x), conv_in[2], cu_seqlens)
-        o, recurrent = self.recur(
+        o, recurrent = self.run_recurrence(
             self._heads(q, K), self._heads(k, K), self._heads(v, V), self.log_decay(x),
-            self._heads(self.b_proj(x).sigmoid(), K), self._heads(self.w_proj(x).sigmoid(), V), self.lam(lam_scale),
-            arm=cfg.arm, z=self.z, mode=cfg.op_mode, initial_state=None if state is None else state.recurrent,
-            output_final_state=want_state, cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
-        o = self.o_norm(o, self._heads(self.g_proj(x), V))
-        out = self.o_proj(o.flatten(-2))
+            self._heads(self.b_proj(x).sigmoid(), K), self._heads(self.w_proj(x).sigmoid(), V), lam_scale,
+            state, cu_seqlens, want_state, state_in_place)
+        out = self.output(o, self.g_proj[0](x))
         conv_out = (cq, ck, cv)
         if state_in_place:
             conv_out = tuple(cache.copy_(new) for cache, new in zip(state.conv, conv_out))
