@@ -21,6 +21,7 @@ from qedprobe import dist
 from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail
 from qedprobe.eval import sweep
 from qedprobe.eval.eig import run_eig, task_batches, text_batches
+from qedprobe.eval.plots import task_label
 from qedprobe.eval.report import build_report
 from qedprobe.eval.spec import (SweepSpec, check_eval_seed, check_model, check_strengths_for, check_tokenizer_fits,
                                 parse_float_list, parse_int_list, sweep_config)
@@ -439,23 +440,7 @@ def run_eig_cmd(args) -> int:
         check_eval_seed(args.seed)
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
-        try:
-            _check_chat_template(args)
-            tok = load_tokenizer(tokenizer_spec(args))
-            if args.text is not None:
-                if not Path(args.text).is_file():
-                    raise SweepError(f"--text {args.text!r} is not a file")
-                batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
-                                       batch_size=args.batch_size, shard=shard)
-            else:
-                nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
-                if args.length < nt.min_length():
-                    raise SweepError(f"--length {args.length} is too short for {nt.name} "
-                                     f"(need >= {nt.min_length()})")
-                batches = task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
-                                       batch_size=args.batch_size, shard=shard)
-        except (TokenizerError, ValueError, OSError) as exc:
-            raise SweepError(str(exc)) from None
+        tok, batches, label = _eig_inputs(args, shard)
         cfg = _model_config(args.model, args)
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
@@ -465,7 +450,8 @@ def run_eig_cmd(args) -> int:
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
                       total=total)
-        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
+        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "task_label": label,
+                         "format": args.format,
                          "chat_template": args.chat_template, "text": args.text, "length": args.length,
                          "samples": args.samples, "qed_lambda": args.qed_lambda,
                          "qed_arm": None if args.qed_lambda is None else args.qed_arm})
@@ -479,6 +465,26 @@ def run_eig_cmd(args) -> int:
     print(eig_table(acc.summary()))
     print(f"eig: {acc.tokens} tokens per head; wrote " + ", ".join(p.name for p in paths))
     return 0
+
+
+def _eig_inputs(args, shard):
+    """``(tokenizer, batches, label)`` of ``eig``'s inputs: ``--text`` or the task's prompts
+    (``label``: the task with its settings, :func:`qedprobe.eval.plots.task_label`; None for text)."""
+    try:
+        _check_chat_template(args)
+        tok = load_tokenizer(tokenizer_spec(args))
+        if args.text is not None:
+            if not Path(args.text).is_file():
+                raise SweepError(f"--text {args.text!r} is not a file")
+            return tok, text_batches(args.text, tok, length=args.length, samples=args.samples,
+                                     batch_size=args.batch_size, shard=shard), None
+        nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
+        if args.length < nt.min_length():
+            raise SweepError(f"--length {args.length} is too short for {nt.name} (need >= {nt.min_length()})")
+        return tok, task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
+                                 batch_size=args.batch_size, shard=shard), task_label(nt)
+    except (TokenizerError, ValueError, OSError) as exc:
+        raise SweepError(str(exc)) from None
 
 
 def eig_table(summary: dict) -> str:

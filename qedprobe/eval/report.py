@@ -15,7 +15,8 @@ Tables (Table 3 / Table 4 style):
 3. for each sweep with several strengths, accuracy per length x s with the McNemar ``p`` against
    its reference strength.
 
-The figure ``report.png`` plots accuracy vs length, one line per sweep (at strength ``s``).
+The figure ``report.png`` plots accuracy vs length, one line per sweep (at strength ``s``), and
+accuracy vs strength at the longest length, one line per sweep.
 
 A report row is a ``(task, length)``: a sweep has one task, so its rows are its lengths; an
 lm-eval folder (``qedprobe.lmeval.run``) has several tasks, some without lengths, and its rows
@@ -29,7 +30,8 @@ import warnings
 from pathlib import Path
 
 from .stats import mcnemar_exact
-from .plots import LOG_SPREAD, accuracy_errorbar, figure, format_length, save_accuracy_figure, series_style
+from .plots import (LOG_SPREAD, accuracy_errorbar, figure, format_length, label_accuracy_axis, mark_significant,
+                    paired_note, save_figure, series_color, series_style)
 from .store import SweepError, load_results, strength_key
 from .summary import cell_order, length_key, summarize
 
@@ -295,22 +297,51 @@ def build_report(paths, *, labels=None, s=1.0, baseline=0, out=None, title=None,
 
 
 def _plot(sweeps, keys, path, title):
-    """``report.png``: accuracy vs length, one line (own colour, marker, x offset) per sweep (and
-    task, when there are several), over the ``(task, length)`` keys that have a length; no figure
-    when none has (lm-eval tasks without lengths)."""
+    """``report.png``: accuracy vs length at each sweep's strength ``s`` (left) and accuracy vs
+    strength at the longest length (right: the strength dimension, with the reference strength
+    dotted and ``*`` where a strength differs from it, McNemar p < 0.05), one colour and marker per
+    sweep (and task, when there are several), over the ``(task, length)`` keys that have a length;
+    no figure when none has (lm-eval tasks without lengths)."""
     lines = [(sw, task) for sw in sweeps for task in sorted({t for t, L in keys if L is not None})]
     lengths = sorted({L for _, L in keys if L is not None})
     if not lengths:
         return
-    fig = figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
+    fig = figure(figsize=(11, 4.6))
+    by_length, by_strength = fig.subplots(1, 2)
     named = _named(keys)
     for j, (sw, task) in enumerate(lines):
         pts = [(L, sw["summary"][(task, L)]) for L in lengths if (task, L) in sw["summary"]]
         if pts:
-            accuracy_errorbar(ax, pts, log_x=True, **series_style(j, len(lines), LOG_SPREAD),
-                              label=f"{sw['label']} (s={sw['s']:g})" + (f", {task}" if named else ""))
+            accuracy_errorbar(by_length, pts, log_x=True, **series_style(j, len(lines), LOG_SPREAD),
+                              color=series_color(j), label=sw["label"] + (f", {task}" if named else ""))
     if title is None:
         tasks = sorted({r.get("task", "?") for sw in sweeps for r in sw["rows"]})
         title = f"{', '.join(tasks)}: accuracy by context length"
-    save_accuracy_figure(fig, ax, path, xlabel="context length (tokens)", title=title, lengths=lengths)
+    label_accuracy_axis(by_length, xlabel="context length (tokens)", legend=False, lengths=lengths,
+                        title=f"{title}\nat s = " + ", ".join(sorted({f"{sw['s']:g}" for sw in sweeps})))
+    note = _strength_panel(by_strength, lines, max(lengths), named)
+    fig.legend(*by_length.get_legend_handles_labels(), loc="upper right", fontsize=8)
+    save_figure(fig, path, note, right=0.86)
+
+
+def _strength_panel(ax, lines, length, named) -> str | None:
+    """Accuracy vs strength at ``length``, one line per ``(sweep, task)`` of ``lines``, with
+    every strength a sweep ran (summarised against its own reference strength); returns the
+    paired tests' note (:func:`qedprobe.eval.plots.paired_note`)."""
+    cells, strengths = [], set()
+    for j, (sw, task) in enumerate(lines):
+        ref = sw["config"].get("ref_strength", 1.0)
+        rows = [r for r in summarize(sw["rows"], ref) if r["task"] == task and r["length"] == length and r["n"]]
+        if rows:
+            moved = accuracy_errorbar(ax, [(r["s"], r) for r in rows], **series_style(j, len(lines), 0.15),
+                                      color=series_color(j))
+            mark_significant(ax, moved, rows, series_color(j))
+            cells += [{**r, "task": f"{sw['label']}" + (f", {task}" if named else "")} for r in rows]
+            strengths |= {r["s"] for r in rows}
+    refs = {r["ref_s"] for r in cells if r.get("ref_s") is not None}
+    for ref in refs:
+        ax.axvline(ref, color="grey", lw=1, ls=":")
+    label_accuracy_axis(ax, xlabel="strength s (lambda x s)", legend=False, strengths=sorted(strengths),
+                        title=f"the strength dimension at L = {format_length(length)}"
+                              + (f" (dotted: reference s = {', '.join(f'{r:g}' for r in sorted(refs))})" if refs else ""))
+    return paired_note(cells, named=True)

@@ -12,7 +12,7 @@ The CLI ``qedprobe sweep`` calls the same function. The pipeline, one module a s
 appended as they come) -> :mod:`qedprobe.eval.store` (the folder: ``config.json``, resumable
 ``results.jsonl`` shards) -> :mod:`qedprobe.eval.summary` (``summary.csv`` / ``summary.json``:
 accuracy, Wilson interval, RULER's score, paired exact McNemar) -> :mod:`qedprobe.eval.plots`
-(``acc_vs_length.png``, ``acc_vs_strength.png``) and :mod:`qedprobe.eval.report` (several
+(``acc_vs_strength.png``; ``acc_vs_length.png`` with two lengths or more) and :mod:`qedprobe.eval.report` (several
 folders side by side).
 
 A folder never mixes rows decoded to different budgets (``config.json`` key ``decode``, only with
