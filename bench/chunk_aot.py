@@ -1,11 +1,12 @@
 """Compile qed_chunk's kernels for sm_90 on a machine without a GPU (Triton's AOT path and the
 ptxas Triton itself uses for sm_90) and print shared memory, registers and spills per kernel.
 
-    python bench/chunk_aot.py [fwd|bwd|all] [--warps N] [--K 128] [--V 128]
+    python bench/chunk_aot.py [fwd|bwd|all] [--warps N] [--K 128] [--V 128] [--head]
 
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
-``--warps``); ``bwd``: the backward's prep (with the ``HATS`` its scores kernel loads) and the five backward
+``--warps``), or with ``--head`` as it launches them for per-head gates (``g, b, w`` ``[B, T, HV]``: the
+prep, W/U and state scan with their per-head switches, and ``chunk_head``'s scores kernel); ``bwd``: the backward's prep (with the ``HATS`` its scores kernel loads) and the five backward
 kernels the same way (bf16 inputs, or ``--fp32``). Every pointer is taken 16-byte aligned, as the
 JIT specializes a launch on torch's tensors (without it the loads and stores are compiled scalar and
 the register figures are not the device's). It reproduced the device's shared-memory figure
@@ -30,7 +31,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from qedprobe.kernels.qed import chunk_intra, chunk_wy
+from qedprobe.kernels.qed import chunk_head, chunk_intra, chunk_wy
 from qedprobe.kernels.qed.chunk_bwd_intra import (DG_BWD_BKS, DG_BWD_WARPS, SCORES_BWD_BKS, SCORES_BWD_WARPS,
                                                    WY_BWD_BKS, WY_BWD_BVS, WY_BWD_WARPS, qed_bwd_dg_kernel,
                                                    qed_bwd_scores_kernel, qed_bwd_wy_kernel)
@@ -82,9 +83,10 @@ def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 
     return info
 
 
-def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int | None):
+def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int | None, head: bool = False):
     """``qed_prep_kernel`` as the forward (``hats`` off) or the backward's rerun (``hats`` on,
-    probes off) launches it; ``io`` the inputs' and intermediates' type string."""
+    probes off) launches it; ``io`` the inputs' and intermediates' type string; ``head``: per-head
+    ``g`` and ``b``."""
     opt = lambda on, **kw: kw if on else {}  # noqa: E731
     absent = lambda on, *names: {} if on else {n: None for n in names}  # noqa: E731
     compile_(chunk_intra.qed_prep_kernel,
@@ -94,37 +96,45 @@ def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int |
                   **opt(hats, qs="*fp32", kh="*fp32", a_out="*fp32")),
              dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
                   chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
-                  PROBES=probes, HATS=hats, **absent(probes, "dg", "rho", "eig", "d_out"),
+                  PROBES=probes, HATS=hats, G_HEAD=head, B_HEAD=head, **absent(probes, "dg", "rho", "eig", "d_out"),
                   **absent(hats, "qs", "kh", "a_out")),
              warps or chunk_intra.PREP_WARPS, maxnreg=chunk_intra.prep_maxnreg(probes, hats))
 
 
 def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None, scores_bks: int | None = None,
-            fp32: bool = False):
+            fp32: bool = False, head: bool = False):
     """The forward kernels as ``qed_chunk`` launches them for bf16 inputs (intermediate buffers bf16,
-    tf32 products) or, with ``fp32``, float32 inputs (float32 buffers, tf32x3); float32 state."""
+    tf32 products) or, with ``fp32``, float32 inputs (float32 buffers, tf32x3); float32 state;
+    ``head``: for per-head gates."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
-    print(f"--- forward, {io} inputs, float32 state, probes {probes}, K={K} V={V}")
+    print(f"--- forward, {io} inputs, float32 state, probes {probes}, K={K} V={V}{', per-head gates' if head else ''}")
     opt = lambda name, t: {name: t} if probes else {}  # noqa: E731
     absent = lambda *names: {} if probes else {n: None for n in names}  # noqa: E731
     common = dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
                   chunk_indices=None, z=None, d_in=None)
     dirs = {"DIR_SOURCE": FULL["DIR_SOURCE"], "DIR_GATED": FULL["DIR_GATED"]}
     inputs = dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32")
-    compile_prep(io, K, H, probes, hats=False, warps=warps)
-    compile_(chunk_intra.qed_scores_kernel,
-             dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
-                  scale="fp32", **opt("adk", f"*{io}")),
-             dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
-                  SPAN=chunk_intra.SPAN_MAX, PROBES=probes, **absent("adk")),
-             warps or chunk_intra.SCORES_WARPS)
+    compile_prep(io, K, H, probes, hats=False, warps=warps, head=head)
+    scores_types = dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
+                        scale="fp32", **opt("adk", f"*{io}"))
+    if head:
+        bks, head_warps = chunk_head.head_scores_config(K, probes, torch.float32)
+        compile_(chunk_head.qed_head_scores_kernel, scores_types,
+                 dict(common, **dirs, BKS=scores_bks or bks, PREC=prec, PROBES=probes, B_HEAD=True, **absent("adk")),
+                 warps or head_warps)
+    else:
+        compile_(chunk_intra.qed_scores_kernel, scores_types,
+                 dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
+                      SPAN=chunk_intra.SPAN_MAX, PROBES=probes, B_HEAD=False, **absent("adk")),
+                 warps or chunk_intra.SCORES_WARPS)
     if not probes:  # the inverse and W/U kernels do not depend on the probes
         compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
                  dict(HV=H, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_wy_kernel,
                  dict(ag=f"*{io}", v=f"*{io}", w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
-                 dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_BKS, K), BVS=min(chunk_wy.WY_BVS, V),
+                 dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_HEAD_SLICE if head else chunk_wy.WY_BKS, K),
+                      BVS=min(chunk_wy.WY_HEAD_SLICE if head else chunk_wy.WY_BVS, V), W_HEAD=head,
                       DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.WY_WARPS)
     dtype = torch.float32 if fp32 else torch.bfloat16
@@ -138,7 +148,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                  dict(w=f"*{io}", u=f"*{io}", kg=f"*{io}", gl="*fp32", h0="*fp32", hs=f"*{io}", r=f"*{io}",
                       ht="*fp32", T="i32"),
                  dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DT=tl.float32, PREC=prec, WHILE_LOOP=False,
-                      USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, cu_seqlens=None,
+                      USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, G_HEAD=head, cu_seqlens=None,
                       chunk_offsets=None),
                  warps or nw, stages)
     out_bv, out_warps = output_config(V, dtype, probes)
@@ -193,10 +203,11 @@ def main():
     ap.add_argument("--fp32", action="store_true", help="float32 inputs (tf32x3) instead of bf16")
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
+    ap.add_argument("--head", action="store_true", help="the forward for per-head gates g, b, w [B, T, HV]")
     a = ap.parse_args()
     if a.what in ("fwd", "all"):
         for probes in (False, True):
-            forward(probes, a.K, a.V, warps=a.warps, scores_bks=a.scores_bks, fp32=a.fp32)
+            forward(probes, a.K, a.V, warps=a.warps, scores_bks=a.scores_bks, fp32=a.fp32, head=a.head)
     if a.what in ("bwd", "all"):
         backward(a.K, a.V, warps=a.warps, fp32=a.fp32)
 

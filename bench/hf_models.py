@@ -209,13 +209,90 @@ def parts_rows(rows: Rows, left):
             rows.add(f"  {name}: {key[:44]}", shape_of(x), (t_ms, None))
 
 
-def decoder_rows(rows: Rows, left):
-    try:
-        from qedprobe.hf import adapt, inject_qed  # noqa: F401
-    except ImportError as err:
-        P(f"decoder rows skipped: qedprobe.hf offers no adapt / inject_qed here ({err})")
-        return
-    P("decoder rows: not wired yet")
+DECODER_LENGTHS = (32768, 131072)
+GENERATE = dict(B=8, T=8192, steps=8)
+
+
+def qwen35_config(HV: int, small: bool):
+    """Qwen3.5-0.8B's text shape with random weights (24 layers: 18 Gated DeltaNet layers of 16
+    q/k heads x 128 and ``HV`` value heads of 128, 6 full-attention layers), or a tiny one."""
+    from transformers import Qwen3_5TextConfig
+    if small:
+        return Qwen3_5TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                                 linear_num_value_heads=HV // 8, linear_key_head_dim=16, linear_value_head_dim=16)
+    return Qwen3_5TextConfig(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                             num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                             linear_num_value_heads=HV, linear_key_head_dim=128, linear_value_head_dim=128)
+
+
+def timed(fn, repeat: int = 3) -> tuple[float, float]:
+    """``(ms, peak_gb)``: median wall time of ``repeat`` synchronised calls after one warm-up (the
+    decoder's calls take up to seconds, so the host clock is exact enough), and the peak memory."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2], torch.cuda.max_memory_allocated() / 2 ** 30
+
+
+def decode_step(hf_model, ids) -> tuple[float, float]:
+    """ms of one decode step inside ``generate`` (``GENERATE["steps"]`` more tokens, by difference)."""
+    def gen(n):
+        return lambda: hf_model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    one, peak = timed(gen(1), repeat=1)
+    more, _ = timed(gen(1 + GENERATE["steps"]), repeat=1)
+    return (more - one) / GENERATE["steps"], peak
+
+
+def decoder_shape(rows: Rows, HV: int, small: bool, left):
+    """Native, adapted (nothing hooked), and injected with ``hook_e`` / ``hook_Sd`` hooked:
+    prefill at each length of :data:`DECODER_LENGTHS` and a decode step inside ``generate``."""
+    from transformers import AutoModelForCausalLM
+
+    from qedprobe.hf import adapt, inject_qed
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(qwen35_config(HV, small)).to(DEV, torch.bfloat16).eval()
+    vocab = model.config.vocab_size
+    lengths = (256,) if small else DECODER_LENGTHS
+    B, Tg = (2, 64) if small else (GENERATE["B"], GENERATE["T"])
+    prompts = {T: torch.randint(2, vocab, (1, T), device=DEV) for T in lengths}
+    gen_ids = torch.randint(2, vocab, (B, Tg), device=DEV)
+    prefill = lambda ids: lambda: model(ids, use_cache=False, logits_to_keep=1)  # noqa: E731
+    native = {T: timed(prefill(ids)) for T, ids in prompts.items() if left() > 60}
+    native_gen = decode_step(model, gen_ids)
+    adapted = adapt(model)
+    hooked = [(lambda name: name.endswith(("hook_e", "hook_Sd")), lambda act, hook: None)]
+    for T, ids in prompts.items():
+        if T not in native:
+            continue
+        shape = f"B1 T{T} HV{HV}"
+        rows.add("native prefill (transformers + fla)", shape, native[T])
+        rows.add("adapted prefill, nothing hooked", shape, timed(prefill(ids)), native[T])
+    shape = f"B{B} T{Tg} HV{HV} decode"
+    rows.add("native decode step in generate", shape, native_gen)
+    rows.add("adapted decode step in generate, nothing hooked", shape, decode_step(model, gen_ids), native_gen)
+    inject_qed(adapted, 0.1, arm="full")
+    with adapted.hooks(fwd_hooks=hooked):
+        for T, ids in prompts.items():
+            if T in native:
+                rows.add("injected prefill, hook_e + hook_Sd", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
+        rows.add("injected decode step, hook_e + hook_Sd", shape, decode_step(model, gen_ids), native_gen)
+
+
+def decoder_rows(rows: Rows, left, small: bool = False):
+    for HV in (16, 32):
+        if left() < 120:
+            P("budget: decoder rows cut")
+            return
+        with torch.no_grad():
+            decoder_shape(rows, HV, small, left)
+        torch.cuda.empty_cache()
 
 
 def main() -> int:

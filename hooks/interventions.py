@@ -33,7 +33,8 @@ class DirectionReplacement:
     """Replace ``d`` with a direction built from fixed unit vectors ``z`` ``[H, K]``.
 
     ``fwd_hooks(layers)`` returns the ``(name, fn)`` pairs: ``hook_k`` and ``hook_b`` record the
-    layer's key and gate (they return None), ``hook_d`` returns the new direction.
+    layer's key and gate (they return None; the gate per channel ``[B, T, H, K]`` or scalar
+    ``[B, T, H]``), ``hook_d`` returns the new direction.
     """
 
     def __init__(self, z: torch.Tensor, *, gate: bool = True, project: bool = True):
@@ -55,7 +56,8 @@ class DirectionReplacement:
                              f"but {hook.name} is [B, T, H, K] = {tuple(d.shape)}")
         u = self.z.to(d)
         if self.gate:
-            u = self._b.pop(layer).to(d) * u
+            b = self._b.pop(layer).to(d)
+            u = (b if b.dim() == d.dim() else b.unsqueeze(-1)) * u  # a scalar gate b [B, T, H]
         else:
             u = u.expand_as(d)
         if self.project:

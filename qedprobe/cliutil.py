@@ -3,12 +3,30 @@ the CLI's own words, output-folder checks, and negative number lists as option v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
-__all__ = ["HelpFormatter", "fail", "cli_words", "check_out_folder", "join_negative_values"]
+__all__ = ["COMMAND_HELP", "HelpFormatter", "fail", "cli_words", "check_out_folder", "join_negative_values",
+           "one_line_warnings", "plain_text"]
+
+COMMAND_HELP = {
+    "demo": "worked example + probe table of a random QED layer per arm",
+    "convert": "convert an fla-style GDN-2 model checkpoint into a qedprobe model",
+    "sweep": "NIAH accuracy vs inference-time strength s (resumable)",
+    "report": "several sweeps side by side, with paired tests",
+    "eig": "streaming histograms of e_t, rho_t, ||S^T d||, sigma_max(M_t)",
+    "lm-eval": "lm-evaluation-harness tasks vs inference-time strength s (resumable)",
+    "train": "train or resume a small QED checkpoint (NIAH mixtures)",
+    "train-tokenizer": "train a small byte-level BPE on a training mixture's text",
+}
+"""Every sub-command's one-line help, in ``qedprobe --help`` order: ``qedprobe --help`` lists them
+without importing the modules that define them (torch, TransformerLens)."""
+
+PROGRESS_HELP = "no progress bar (the default draws one on stderr)"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -22,6 +40,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         if shown and "default" not in text.lower():
             text += " (default: %(default)s)"
         return text
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as ``--help`` text: reST literals and roles (````x````, ``:mod:`x```) as plain ``x``."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
 
 
 def cli_words(message, flags: dict) -> str:
@@ -39,6 +62,17 @@ def fail(cmd: str, message, flags: dict | None = None) -> int:
     text = cli_words(message, flags or {}).removeprefix(f"{cmd}: ")
     print(f"qedprobe {cmd}: error: {text}", file=sys.stderr)
     return 2
+
+
+@contextlib.contextmanager
+def one_line_warnings(cmd: str):
+    """Inside the block every warning prints as one line ``qedprobe CMD: warning: MESSAGE`` on
+    stderr (not Python's ``file:line: Category`` and the source line)."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"qedprobe {cmd}: warning: {message}", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def check_out_folder(path, flag="--out") -> None:

@@ -70,8 +70,7 @@ def build(family: str, small: bool, dtype, device):
 
 def torch_path(model):
     from qedprobe.hf import transformers_torch_path
-    from qedprobe.hf.families import modeling_module_name
-    return transformers_torch_path(modeling_module_name(model.config.model_type))
+    return transformers_torch_path(model.config.model_type)
 
 
 def timed(fn, repeat: int, device) -> float:

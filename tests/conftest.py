@@ -8,10 +8,6 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(__file__))
-# `python -m pytest` puts the working directory, the repository root, on sys.path, where the folder
-# kernels/ (qedprobe.kernels) would shadow the `kernels` package that transformers imports.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != ROOT]
 
 from helpers import one_thread  # noqa: E402 (the path above first)
 

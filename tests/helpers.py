@@ -2,6 +2,7 @@
 independent NumPy oracle. Test modules import from here (``tests/conftest.py`` puts this folder
 on ``sys.path``), never from each other."""
 import contextlib
+import copy
 from functools import partial
 
 import numpy as np
@@ -163,40 +164,84 @@ def saved_tiny_model(folder, arm="full", seed=0):
 # --- tiny transformers models (qedprobe.hf) ----------------------------------------------------
 # Built by transformers itself, nothing downloaded: hidden size 64, 4 decoder layers (linear
 # attention at 0, 2, 3 and softmax attention at 1, so a layer's index differs from its rank among
-# the linear ones), grouped value heads (2 q/k heads, 4 value heads). ``initializer_range`` 0.1:
-# transformers' 0.02 makes a tiny model's recurrence contribute almost nothing.
+# the linear ones); GDN families with grouped value heads (2 q/k heads, 4 value heads), KDA
+# families with 4 heads of 16. ``initializer_range`` 0.1: transformers' 0.02 makes a tiny model's
+# recurrence contribute almost nothing; likewise decay rates ``exp(A_log)`` in [0.02, 0.3] and the
+# KDA safe gates' lower bound -0.5 (their defaults decay the state by e^-10 per token or so: the
+# state, and with it the erase term, would be gone after one token).
 
 HF_VOCAB = 160
-HF_COMMON = dict(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, linear_num_key_heads=2,
-                 linear_num_value_heads=4, linear_key_head_dim=16, initializer_range=0.1,
-                 layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+HF_LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+HF_INDEXED = ["linear_attention", "indexed_attention", "linear_attention", "linear_attention"]
+HF_BASE = dict(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+               num_attention_heads=4, initializer_range=0.1, layer_types=HF_LAYERS)
+HF_COMMON = dict(HF_BASE, num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                 linear_key_head_dim=16)
+HF_KDA = dict(HF_BASE, num_key_value_heads=4, linear_num_heads=4, linear_head_dim=16, pad_token_id=0,
+              bos_token_id=None, eos_token_id=None)
 HF_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
-HF_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid")
+HF_MLA = dict(kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+              moe_intermediate_size=32, num_experts_per_tok=2)
+HF_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid", "qwen4_exp", "lara_mini", "kimi_linear",
+               "bailing_hybrid", "glm5_next")
+HF_KDA_FAMILIES = ("kimi_linear", "bailing_hybrid", "glm5_next")
 
 
-def tiny_hf(family: str, seed: int = 0):
-    """A tiny random ``...ForCausalLM`` of ``family`` (one of :data:`HF_FAMILIES`), eval mode, float32."""
-    from transformers import (AutoModelForCausalLM, OlmoHybridConfig, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
-                              Qwen3NextConfig)
-    configs = {
-        "qwen3_5": lambda: Qwen3_5TextConfig(**HF_COMMON, head_dim=16, linear_value_head_dim=16),
-        "qwen3_5_moe": lambda: Qwen3_5MoeTextConfig(**HF_COMMON, **HF_MOE, head_dim=16, linear_value_head_dim=16),
-        "qwen3_next": lambda: Qwen3NextConfig(**HF_COMMON, **HF_MOE, head_dim=16, linear_value_head_dim=16),
+def _hf_config(family: str, vocab_size: int):
+    """The tiny transformers config of ``family`` (transformers' own config class)."""
+    import transformers as tr
+    common, kda = dict(HF_COMMON, vocab_size=vocab_size), dict(HF_KDA, vocab_size=vocab_size)
+    gdn = dict(common, head_dim=16, linear_value_head_dim=16)
+    qsa = dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4)
+    glm_text = dict(kda, layer_types=HF_INDEXED, kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=16,
+                    v_head_dim=16, n_routed_experts=4, moe_intermediate_size=32, num_experts_per_tok=2,
+                    index_n_heads=2, index_head_dim=16, index_topk=16, linear_lower_bound=-0.5)
+    glm_vision = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
+                      projection_intermediate_size=32, patch_size=4, image_size=16)
+    return {
+        "qwen3_5": lambda: tr.Qwen3_5TextConfig(**gdn),
+        "qwen3_5_moe": lambda: tr.Qwen3_5MoeTextConfig(**gdn, **HF_MOE),
+        "qwen3_next": lambda: tr.Qwen3NextConfig(**gdn, **HF_MOE),
         # OLMo-Hybrid: V = 2K and beta in (0, 2) (linear_allow_neg_eigval, its default).
-        "olmo_hybrid": lambda: OlmoHybridConfig(**HF_COMMON, linear_value_head_dim=32, pad_token_id=0,
-                                                eos_token_id=None),
-    }
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(configs[family]()).eval()
+        "olmo_hybrid": lambda: tr.OlmoHybridConfig(**common, linear_value_head_dim=32, pad_token_id=0,
+                                                   eos_token_id=None),
+        "qwen4_exp": lambda: tr.Qwen4ExpTextConfig(**dict(gdn, layer_types=HF_INDEXED), **HF_MOE, hc_lowrank=8, **qsa),
+        "lara_mini": lambda: tr.LaraMiniConfig(**gdn),
+        "kimi_linear": lambda: tr.KimiLinearConfig(**kda, **HF_MLA, num_local_experts=4),
+        "bailing_hybrid": lambda: tr.BailingHybridConfig(**kda, **HF_MLA, head_dim=16, num_local_experts=4, n_group=1,
+                                                         topk_group=1, first_k_dense_replace=1, num_mtp_layers=0,
+                                                         kda_lower_bound=-0.5),
+        # GLM-5-Next exists only as an image-text model: its text model inside Glm5NextForConditionalGeneration.
+        "glm5_next": lambda: tr.Glm5NextConfig(text_config=tr.Glm5NextTextConfig(**glm_text).to_dict(),
+                                               vision_config=glm_vision),
+    }[family]()
+
+
+_HF_BUILT = {}
+
+
+def tiny_hf(family: str, seed: int = 0, vocab_size: int = HF_VOCAB):
+    """A tiny random model of ``family`` (one of :data:`HF_FAMILIES`), eval mode, float32: a copy
+    of one built once per process (transformers' ``from_config`` is slow on a busy machine)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    key = (family, seed, vocab_size)
+    if key not in _HF_BUILT:
+        torch.manual_seed(seed)
+        auto = AutoModelForImageTextToText if family == "glm5_next" else AutoModelForCausalLM
+        model = auto.from_config(_hf_config(family, vocab_size)).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("A_log"):
+                    param.copy_(torch.empty_like(param).uniform_(0.02, 0.3).log())
+        _HF_BUILT[key] = model
+    return copy.deepcopy(_HF_BUILT[key])
 
 
 def hf_torch_reference(model):
     """Context: transformers' own PyTorch recurrence for ``model``'s (unadapted) layers, not the
     fla kernels transformers picks when fla is installed."""
     from qedprobe.hf import transformers_torch_path
-    from qedprobe.hf.families import modeling_module_name
-    return transformers_torch_path(modeling_module_name(model.config.model_type))
+    return transformers_torch_path(model.config.model_type)
 
 
 @contextlib.contextmanager

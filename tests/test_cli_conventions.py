@@ -4,6 +4,9 @@ and a per-layer table."""
 import argparse
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +65,31 @@ def test_every_option_with_a_default_shows_it_in_help():
                 continue
             entry = blocks[action.option_strings[0]]
             assert "default" in entry, f"{name}: {entry!r}"
+
+
+def test_top_level_help_imports_neither_torch_nor_transformer_lens():
+    code = ("import sys\nfrom qedprobe.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in ('torch', 'transformer_lens') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "train-tokenizer" in out and "LOADED []" in out, out
+
+
+def test_every_option_has_a_help_text_in_plain_words():
+    for name, parser in _subparsers().items():
+        missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+        assert not missing, f"{name}: options without help {missing}"
+        text = parser.format_help()
+        assert "``" not in text and ":mod:" not in text, f"{name}: reST in --help"
+    dtype = _help_blocks(_subparsers()["sweep"])["--dtype"]
+    assert dtype.count("auto") == 2 and "(default: auto)" not in dtype, dtype  # the choices, and once explained
+
+
+def test_train_help_shows_each_presets_value():
+    blocks = _help_blocks(_subparsers()["train"])
+    for flag, shown in (("--arm", "(default: full)"), ("--seed", "(default: 0)"),
+                        ("--steps", "(default: micro 200, small 1500)"), ("--lr", "(default: micro 0.003, small 0.0015)"),
+                        ("--seq-len", "(default: micro 512, small 1024)"), ("--device", "(default: micro cpu, small cuda)")):
+        assert shown in blocks[flag], blocks[flag]
 
 
 def test_negative_strength_lists_need_no_equals_sign():
@@ -177,3 +205,84 @@ def test_eig_prints_a_per_layer_table(model_dir, tmp_path, capsys):
     assert [int(r.split("|")[1]) for r in rows] == [0, 1]
     e_min = min(h["e"]["min"] for h in summary["layers"][0]["heads"])
     assert f"{e_min:.4f}" in rows[0]
+
+
+def test_sweep_and_eig_take_a_thread_count(model_dir, tmp_path, capsys):
+    before = torch.get_num_threads()
+    txt = tmp_path / "t.txt"
+    txt.write_text("Some text to read. " * 5)
+    try:
+        torch.set_num_threads(2)
+        assert cli.main(["eig", "--model", model_dir, "--device", "cpu", "--text", str(txt), "--length", "32",
+                         "--samples", "1", "--out", str(tmp_path / "e"), "--no-progress", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+    assert _sweep(model_dir, tmp_path / "o", "--threads", "0") == 2
+    assert "--threads must be >= 1, got 0" in _one_line_error(capsys, "sweep")
+
+
+# ------------------------------------------------------------------ messages that name the flag (issue 43)
+@pytest.mark.parametrize("extra, words", [
+    (["--task", "s-niah-2", "--haystack-file", "/nonexistent/hay.txt"],
+     "--haystack-file '/nonexistent/hay.txt': No such file or directory"),
+    (["--seed", "-1"], "--seed must be an int >= 0, got -1: negative seeds draw the training prompts"),
+])
+def test_sweep_names_the_flag_of_a_missing_file_and_a_training_seed(model_dir, tmp_path, capsys, extra, words):
+    assert _sweep(model_dir, tmp_path / "o", *extra) == 2
+    assert words in _one_line_error(capsys, "sweep")
+
+
+def test_ruler_format_with_a_legacy_option_names_the_flag(model_dir, tmp_path, capsys):
+    assert cli.main(["sweep", "--model", str(model_dir), "--out", str(tmp_path / "o"), "--task", "mk-niah",
+                     "--num-needles", "8", "--lengths", "1K", "--samples", "1"]) == 2
+    err = _one_line_error(capsys, "sweep")
+    assert "only the legacy format takes --num-needles" in err and "num_needles" not in err
+
+
+def test_eig_refuses_a_training_seed_and_leaves_no_empty_out_behind(model_dir, tmp_path, capsys):
+    txt = tmp_path / "t.txt"
+    txt.write_text("Some text to read. " * 5)
+    eig = ["eig", "--device", "cpu", "--text", str(txt), "--length", "32", "--samples", "1", "--no-progress"]
+    assert cli.main([*eig, "--model", model_dir, "--seed", "-1", "--out", str(tmp_path / "e1")]) == 2
+    assert "--seed must be an int >= 0" in _one_line_error(capsys, "eig")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((Path(model_dir) / "config.json").read_text())  # no weights
+    assert cli.main([*eig, "--model", str(broken), "--out", str(tmp_path / "e2")]) == 2
+    assert "cannot load the model" in _one_line_error(capsys, "eig")
+    assert not (tmp_path / "e2").exists()
+
+
+def test_a_config_that_disagrees_with_its_weights_is_reported_first(tmp_path, capsys):
+    folder = Path(saved_tiny_model(tmp_path / "m", arm="full"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "arm": "gdn2"}))
+    assert _sweep(folder, tmp_path / "o") == 2  # default strengths: a gdn2 config alone would refuse them
+    err = _one_line_error(capsys, "sweep")
+    assert "arm='gdn2'" in err and "saved with arm='full'" in err and "--strengths" not in err
+
+
+def test_train_small_preset_on_a_cpu_machine_says_the_preset_chose_cuda(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["train", "--out", str(tmp_path / "r")]) == 2
+    err = _one_line_error(capsys, "train")
+    assert "--preset small trains on CUDA" in err and "--device cpu" in err and "is 'cuda'" not in err
+
+
+def test_report_out_that_cannot_be_written_names_the_flag(tmp_path, capsys, monkeypatch):
+    a, b = _fake_sweep(tmp_path / "a", 0), _fake_sweep(tmp_path / "b", 0)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert cli.main(["report", a, b, "--out", str(afile)]) == 2
+    assert f"--out {str(afile)!r} exists and is not a folder" in _one_line_error(capsys, "report")
+    import os
+
+    def refused(path, *args, **kwargs):  # a folder the file system refuses (as /sys/x, even for root)
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    assert cli.main(["report", a, b, "--out", str(tmp_path / "r")]) == 2
+    err = _one_line_error(capsys, "report")
+    assert f"--out {str(tmp_path / 'r')!r}: Operation not permitted" in err and "Errno" not in err

@@ -10,7 +10,7 @@ from qedprobe.eval import SweepError, SweepSpec, load_results, run_sweep
 from qedprobe.tasks import NIAHTask
 from qedprobe.model import strength
 from qedprobe.model.layers import ShortConvolution
-from qedprobe.model.decode_step import graph_usable
+from qedprobe.model.decode_step import decode_graphs, graph_usable
 from qedprobe.model.packing import pack_prompts
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -85,7 +85,7 @@ def test_cuda_graph_decode_is_bit_identical_to_eager():
             eager = model.generate(PROMPTS, 12, cuda_graph=False)
             assert graph_usable(model)
             assert model.generate(PROMPTS, 12) == eager
-    assert len(model.decode_graphs) == 1
+    assert len(decode_graphs(model)) == 1
     seen = []
     with model.hooks(fwd_hooks=[("blocks.0.attn.hook_lambda", lambda lam, hook: seen.append(lam))]):
         assert not graph_usable(model)

@@ -151,7 +151,7 @@ def test_task_names_formats_and_options():
     assert make_task("s-niah-2").name == "niah_single_2" and make_task("mk-niah").name == "niah_multikey_1"
     assert make_task("s-niah-1", format="legacy").format == "legacy"
     assert make_task("niah_multiquery").describe()["format"] == "ruler"
-    with pytest.raises(ValueError, match="legacy-format options"):
+    with pytest.raises(ValueError, match="only the legacy format takes `num_needles`"):
         make_task("s-niah-1", num_needles=3)
     with pytest.raises(ValueError, match="unknown task format"):
         make_task("s-niah-1", format="RULER")

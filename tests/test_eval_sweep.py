@@ -52,8 +52,8 @@ def test_cli_sweep_grid_summary_plots_and_resume(model_dir, tmp_path, monkeypatc
         assert int(r["n"]) == 2 and r["ci_low"] != "" and r["ci_high"] != ""
         assert int(r["n_paired"]) == 2 and r["b"] != "" and r["c"] != "" and 0 < float(r["mcnemar_p"]) <= 1
     assert json.loads((out / "summary.json").read_text())["interval"] == "wilson95"
-    for png in ("acc_vs_length.png", "acc_vs_strength.png"):
-        assert (out / png).stat().st_size > 1000
+    assert (out / "acc_vs_strength.png").stat().st_size > 1000
+    assert not (out / "acc_vs_length.png").exists()           # one length: no length axis to draw
     # a rerun computes nothing
     from qedprobe.model import QEDModel
     calls = []
@@ -90,12 +90,53 @@ def test_resume_after_interrupted_run_and_torn_line(tmp_path):
     assert len(first) == 1
     with open(out / "results.jsonl", "a") as fh:           # a kill in the middle of a write
         fh.write('{"length": 400, "s": 1.0, "sample_id": 1, "cor')
-    run_sweep(model, spec, out=out)
+    with pytest.warns(UserWarning, match="results.jsonl: its last line was incomplete .* the 1 complete rows are kept"):
+        run_sweep(model, spec, out=out)
     rows = load_results(out)
     assert _keys(rows) == Counter({(L, s, i): 1 for s in (0.0, 1.0) for i in range(2)})
     assert rows[:1] == first                                # finished rows kept as they were
     text = (out / "results.jsonl").read_text()
     assert text.endswith("\n") and text.count("\n") == 4
+
+
+def test_cli_ctrl_c_says_what_was_kept_in_one_line_and_a_rerun_resumes(model_dir, tmp_path, monkeypatch, capsys):
+    from qedprobe.model import QEDModel
+    generate, calls = QEDModel.generate, []
+
+    def interrupted(self, *a, **k):                      # Ctrl-C during the second generate call
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return generate(self, *a, **k)
+
+    monkeypatch.setattr(QEDModel, "generate", interrupted)
+    out = tmp_path / "run"
+    assert _sweep(model_dir, out) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (f"qedprobe sweep: interrupted; {out} keeps 2 rows (2 from this run): run the same command "
+                   "again to resume from there")
+    monkeypatch.setattr(QEDModel, "generate", generate)
+    with open(out / "results.jsonl", "a") as fh:           # and a kill in the middle of a write
+        fh.write('{"length": 400, "s": 1.0, "sample_id": 1, "cor')
+    assert _sweep(model_dir, out) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"qedprobe sweep: warning: {out / 'results.jsonl'}: its last line was incomplete "
+                                    "(a run was stopped while writing it): cut off, and that row is computed again; "
+                                    "the 2 complete rows are kept")
+    assert "2 rows computed" in captured.out
+
+
+def test_cli_tables_restate_the_sweep_mark_the_reference_and_say_what_was_reused(model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _sweep(model_dir, out) == 0
+    lines = capsys.readouterr().out.splitlines()[-7:]
+    assert lines[0] == "m (arm full), s-niah-1 (legacy, noise haystack), 2 prompts per cell, seed 0"
+    assert lines[1] == "| length | s | n | accuracy | 95% CI | b | c | McNemar p |"  # no RULER column: legacy
+    assert lines[4].startswith(f"| {L} | 1 | 2 |") and lines[4].endswith("| ref | ref | ref |")
+    assert lines[5].startswith("b: prompts right at s and wrong at the reference s = 1; c: wrong at s")
+    assert "4 rows computed" in lines[6]
+    assert _sweep(model_dir, out) == 0
+    assert f"reused the 4 rows already in {out}: nothing to compute" in capsys.readouterr().out
 
 
 def test_resume_after_sigkill(model_dir, tmp_path):
@@ -238,10 +279,14 @@ def test_summary_table_prints_every_cell_with_paired_columns():
                  mcnemar_p=0.125),
             dict(length=512, s=0.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, score_pct=50.0, b=None, c=None,
                  mcnemar_p=None)]
+    for r in rows:
+        r.update(format="ruler", ref_s=1.0)
     lines = summary_table(rows).splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 6
+    assert lines[2] == "| 512 | 1 | 20 | 0.500 | 0.300-0.700 | 50.00 | ref | ref | ref |"
     assert lines[3] == "| 512 | 2 | 20 | 0.750 | 0.530-0.890 | 81.25 | 6 | 1 | 0.125 |"
-    assert lines[4].endswith("| None | None | - |")
+    assert lines[4].endswith("| - | - | - |")
+    assert lines[5].startswith("b: prompts right at s and wrong at the reference s = 1")
 
 
 def test_plots_leave_the_matplotlib_backend_alone(tmp_path):

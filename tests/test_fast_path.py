@@ -12,8 +12,8 @@ from qedprobe import cli as commands
 from qedprobe.eval import SweepError, SweepSpec, load_results, plan, run_sweep, sweep
 from qedprobe.eval.sweep import sweep_fast_path
 from qedprobe.model import QEDModel, fast_path, strength
-from qedprobe.model.decode_step import decode_step
-from qedprobe.model.fast import TokenLayout, conv_silu, mixer_inputs, stacked_weights
+from qedprobe.model.decode_step import decode_graphs, decode_step
+from qedprobe.model.fast import TokenLayout, conv_silu, fast_path_setting, mixer_inputs, stacked_weights
 from qedprobe.model.layers import ShortConvolution
 from qedprobe.model.packing import pack_prompts
 
@@ -87,8 +87,6 @@ def test_pre_region_writes_the_decode_step_caches_in_place(backend):
     block = model.blocks[0]
     mixer = block.attn
     convs = tuple((c.weight, c.bias) for c in (mixer.q_conv1d, mixer.k_conv1d, mixer.v_conv1d))
-    splits = tuple(lin.out_features for lin in (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.b_proj,
-                                                mixer.w_proj, mixer.f_proj[0], mixer.g_proj[0]))
     torch.manual_seed(2)
     x = torch.randn(3, 1, model.cfg.hidden_size)
     caches = tuple(torch.randn(3, w.shape[0], w.shape[-1] - 1) for w, _ in convs)
@@ -96,9 +94,7 @@ def test_pre_region_writes_the_decode_step_caches_in_place(backend):
 
     def run(caches, in_place):
         with torch.inference_mode():
-            return region(x, block.attn_norm.weight, block.attn_norm.eps, *stacked_weights(block)[:1], splits,
-                          mixer.f_proj[1].weight, convs, caches, mixer.dt_bias, mixer.A_log, None,
-                          model.cfg.num_heads, in_place)
+            return region(block, x, stacked_weights(block)[0], caches, None, in_place)
     before = tuple(c.clone() for c in caches)
     new = run(caches, False)
     assert all(torch.equal(c, b) for c, b in zip(caches, before))  # not in place: the caches stay
@@ -230,7 +226,7 @@ def test_default_fast_path_that_fails_to_compile_falls_back_to_the_plain_path(tm
     real_run_batch, calls = sweep.run_batch, []
 
     def failing_second_batch(model, *args, **kwargs):
-        calls.append(getattr(model, "fast_path", None) is not None)
+        calls.append(fast_path_setting(model) is not None)
         if calls == [True, True]:
             raise torch._dynamo.exc.InternalTorchDynamoError("simulated compile failure")
         return real_run_batch(model, *args, **kwargs)
@@ -279,10 +275,10 @@ def test_gpu_fast_path_matches_plain_and_its_graph_replays_its_steps():
             assert model.generate(PROMPTS, 10, cuda_graph=False) == graph
     for a, b in zip(fast, plain, strict=True):  # bf16: a few roundings apart
         torch.testing.assert_close(a.float(), b.float(), rtol=0.03, atol=0.03 * b.abs().max().item())
-    assert len(model.decode_graphs) == 2  # one graph per path: the key holds the fast path's weights
+    assert len(decode_graphs(model)) == 2  # one graph per path: the key holds the fast path's weights
     with torch.inference_mode():
         assert model.generate(PROMPTS, 10) == model.generate(PROMPTS, 10, cuda_graph=False)
-    assert len(model.decode_graphs) == 2  # the plain graph again, not the fast one
+    assert len(decode_graphs(model)) == 2  # the plain graph again, not the fast one
 
 
 @cuda

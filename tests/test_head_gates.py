@@ -93,9 +93,11 @@ def test_gate_shape_is_checked(shape, msg):
 # --- GPU --------------------------------------------------------------------------------------
 
 def _fla_case(form, T_, dtype, seed=0):
-    """Random bf16/float32 inputs at a model-like shape: 2 q/k heads, 4 value heads, K = V = 64."""
+    """Random bf16/float32 inputs at a model-like shape, K = V = 64, 4 value heads: 2 q/k heads for
+    Gated DeltaNet (grouped value heads, as Qwen3.5), 4 for KDA (one value head per q/k head, as
+    Kimi-Linear)."""
     gen = torch.Generator().manual_seed(seed)
-    Bq, Hq, HVq, D = 1, 2, 4, 64
+    Bq, Hq, HVq, D = 1, 2 if form == "gdn" else 4, 4, 64
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     g = -torch.rand(Bq, T_, HVq, *(() if form == "gdn" else (D,)), generator=gen) * 0.1
     x = dict(q=r(Bq, T_, Hq, D), k=r(Bq, T_, Hq, D), v=r(Bq, T_, HVq, D), g=g,
@@ -121,14 +123,16 @@ def test_gpu_lambda_zero_is_fla(form):
 @gpu
 @pytest.mark.parametrize("form", FORMS)
 def test_gpu_long_against_naive(form):
-    """T = 4096, float32, every probe: qed_chunk with per-head gates against float64 qed_naive."""
+    """T = 4096, float32, every probe: qed_chunk and qed_recurrent with per-head gates against
+    float64 qed_naive."""
     x = _fla_case(form, 4096, torch.float32, seed=1)
     x["w"] = torch.rand_like(x["b"])
     lam = torch.full((4,), 0.1, device="cuda")
     kw = dict(arm="full", output_final_state=True, return_probes=True)
-    got = qed_chunk(*(x[n] for n in ("q", "k", "v", "g", "b", "w")), lam, **kw)
     ref = qed_naive(*(x[n].double() for n in ("q", "k", "v", "g", "b", "w")), lam.double(), **kw)
-    assert_close("o", got[0], ref[0], 1e-4)
-    assert_close("final state", got[1], ref[1], 1e-4)
-    for name in ("rho", "d", "Sd", "e"):
-        assert_close(name, got[2][name], ref[2][name], 1e-4)
+    for op in (qed_chunk, qed_recurrent):
+        got = op(*(x[n] for n in ("q", "k", "v", "g", "b", "w")), lam, **kw)
+        assert_close(f"{op.__name__} o", got[0], ref[0], 1e-4)
+        assert_close(f"{op.__name__} final state", got[1], ref[1], 1e-4)
+        for name in ("rho", "d", "Sd", "e"):
+            assert_close(f"{op.__name__} {name}", got[2][name], ref[2][name], 1e-4)

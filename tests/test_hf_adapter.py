@@ -1,13 +1,18 @@
 """qedprobe.hf on tiny random transformers models of every supported family (CPU, nothing
-downloaded).
+downloaded): the nine model types of transformers 5.25 with a delta-rule layer (helpers.HF_FAMILIES).
 
 The reference is the unmodified transformers model on transformers' own PyTorch recurrence
-(``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``), forced with
-``transformers_torch_path``: with fla installed (as in CI) transformers would otherwise call
-fla's kernels. The adapted model runs qedprobe's op instead (on CPU: the PyTorch chunk path for
-prompts, the token loop for decode steps); the two are different algorithms, so they agree to
-float32 rounding, not bit for bit.
+(``torch_chunk_gated_delta_rule`` / ``chunk_kimi_delta_attention`` and their recurrent forms),
+forced with ``transformers_torch_path``: with fla installed (as in CI) transformers would
+otherwise call fla's kernels. An adapted layer with nothing hooked and lambda 0 calls that same
+function (free when off: bit-equal); with a hook (``OP_PATH``) or lambda injected it runs
+qedprobe's op (on CPU: the PyTorch chunk path for prompts, the token loop for decode steps), a
+different algorithm, equal to float32 rounding. The GPU tests (``-k gpu``, skipped without CUDA)
+check the Triton path at T = 4096 and a device_map over cuda:0 and the CPU.
 """
+import importlib
+import os
+
 import pytest
 import torch
 
@@ -15,16 +20,20 @@ pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 
 from qedprobe.hf import SUPPORTED, UnsupportedModelError, adapt, inject_qed
 from qedprobe.hf.cache import HFActivationCache
+from qedprobe.hf.families import modeling_module_name, routed_functions
+from qedprobe.hf.folder import folder_config, is_transformers_folder
 from qedprobe.hooks import DirectionReplacement, ProbeRecorder
 from qedprobe.kernels.qed import qed_naive
 from qedprobe.lam import random_directions
-from qedprobe.model import hook_name, strength
+from qedprobe.model import LambdaScale, hook_name, strength
 from qedprobe.model.hooked import MIXER_HOOKS
 
-from helpers import HF_FAMILIES, hf_ids, hf_torch_reference, tiny_hf
+from helpers import HF_FAMILIES, HF_KDA_FAMILIES, HF_VOCAB, hf_ids, hf_torch_reference, tiny_hf
 
 F32 = dict(rtol=1e-5, atol=5e-5)  # float32 rounding of two chunk algorithms over 24 tokens
 NEW = 16
+OP_PATH = [(lambda name: name.endswith("hook_o"), lambda o, hook: None)]
+"""An observing hook on every layer's output: each layer runs qedprobe's op, not its own function."""
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -40,71 +49,75 @@ def _reference(model, ids, prompt):
 
 @pytest.mark.parametrize("family", HF_FAMILIES)
 def test_lambda_zero_matches_transformers_forward_and_generate(family):
+    """qedprobe's op (forced in every layer by an observing hook) equals transformers' PyTorch
+    recurrence to float32 rounding, for a prefill and for 16 greedy decode steps, in all of
+    which the hooks fire; with no hook the layers run the model's own function: bit for bit."""
     hf = tiny_hf(family)
     ids, prompt = hf_ids(), hf_ids(t=8, seed=2)
     ref_logits, ref_gen = _reference(hf, ids, prompt)
     model = adapt(hf)
     assert model.hf_model is hf and model.mixer_layers == [0, 2, 3]
-    torch.testing.assert_close(model(ids), ref_logits, **F32)
+    torch.testing.assert_close(model.run_with_hooks(ids, fwd_hooks=OP_PATH), ref_logits, **F32)
+    assert torch.equal(model(ids), ref_logits)  # free when off: the model's own function
     shapes = []
-    with torch.no_grad(), model.hooks(fwd_hooks=[("blocks.2.linear_attn.hook_o",
-                                                  lambda o, hook: shapes.append(tuple(o.shape[:3])))]):
+    record = (lambda name: name == "blocks.2.linear_attn.hook_o", lambda o, hook: shapes.append(tuple(o.shape[:3])))
+    with torch.no_grad(), model.hooks(fwd_hooks=[*OP_PATH, record]):
         gen = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, output_logits=True,
                           return_dict_in_generate=True, pad_token_id=0)
-    assert shapes == [(2, 8, 4)] + [(2, 1, 4)] * (NEW - 1)  # qedprobe ran the prefill and every step
+        assert torch.equal(model.generate(prompt, NEW), ref_gen.sequences)  # tensor in: prompt + new tokens
+    assert shapes[:NEW] == [(2, 8, 4)] + [(2, 1, 4)] * (NEW - 1)  # qedprobe ran the prefill and every step
     assert torch.equal(gen.sequences, ref_gen.sequences)
     for step, ref in zip(gen.logits, ref_gen.logits, strict=True):
         torch.testing.assert_close(step, ref, **F32)
-    assert torch.equal(model.generate(prompt, NEW), ref_gen.sequences)  # tensor in: prompt + new tokens
     hf.generation_config.repetition_penalty, hf.generation_config.do_sample = 50.0, True  # not used by generate
     assert model.generate(prompt, NEW, return_type="new_tokens") == ref_gen.sequences[:, 8:].tolist()
 
 
-def _linear_input(model, layer, ids):
-    """Logits, cache and the hidden state entering transformers' ``layers[layer].linear_attn``."""
-    seen = {}
-    deltanet = model.hf_model.model.layers[layer].linear_attn
-    def grab(mod, args, kwargs):
-        seen["x"] = kwargs["hidden_states"]
-    handle = deltanet.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        logits, cache = model.run_with_cache(ids)
-    finally:
-        handle.remove()
-    return logits, cache, deltanet, seen["x"]
+def _own_function_calls(monkeypatch, family: str) -> list:
+    """Record every call of the model's own recurrence functions (what the routes call for a
+    layer that runs natively): a list of ``(function name, kwargs)``."""
+    calls = []
+    module = importlib.import_module(modeling_module_name(family))
+    for name in routed_functions(family):
+        route = getattr(module, name)
+
+        def spy(*args, _original=route.original, _name=name, **kwargs):
+            calls.append((_name, kwargs))
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(route, "original", spy)
+    return calls
 
 
-def _beta(family, deltanet, x):
-    """beta ``[B, T, Hv]`` computed from the transformers layer's own projection."""
-    if family == "olmo_hybrid":
-        return 2 * deltanet.b_proj(x).sigmoid()  # linear_allow_neg_eigval
-    return deltanet.in_proj_b(x).sigmoid()
-
-
-@pytest.mark.parametrize("family", ["qwen3_5", "olmo_hybrid"])
+@pytest.mark.parametrize("family", HF_FAMILIES)
 @torch.no_grad()
-def test_probe_shapes_and_erase_eigenvalue(family):
+def test_probe_shapes_and_erase_eigenvalue(family, monkeypatch):
+    """Every hook has its family's documented shape; b, w and g are what the layer hands its
+    recurrence function (beta, beta, g); e is 1 - beta ||k_hat||^2 exactly (lambda 0)."""
     model = adapt(tiny_hf(family))
     ids = hf_ids()
     B, T = ids.shape
     Hv, K, V = 4, 16, model.cfg.head_v_dim
-    _, cache, deltanet, x = _linear_input(model, 2, ids)
+    calls = _own_function_calls(monkeypatch, family)
+    model(ids)
+    own = calls[1][1]  # layer 2's call
+    _, cache = model.run_with_cache(ids, names_filter=lambda name: name.startswith("blocks.2."))  # layer 0: native
     names = ("q", "k", "v", "b", "w", "g", "lambda", "d", "rho", "Sd", "e", "o")
     p = {n: cache[f"blocks.2.linear_attn.hook_{n}"] for n in names}
-    shapes = {"q": (B, T, Hv, K), "k": (B, T, Hv, K), "v": (B, T, Hv, V), "b": (B, T, Hv, K),
-              "w": (B, T, Hv, V), "g": (B, T, Hv, K), "lambda": (Hv,), "d": (B, T, Hv, K),
+    kda = family in HF_KDA_FAMILIES
+    shapes = {"q": (B, T, Hv, K), "k": (B, T, Hv, K), "v": (B, T, Hv, V), "b": (B, T, Hv), "w": (B, T, Hv),
+              "g": (B, T, Hv, K) if kda else (B, T, Hv), "lambda": (Hv,), "d": (B, T, Hv, K),
               "rho": (B, T, Hv), "Sd": (B, T, Hv, V), "e": (B, T, Hv), "o": (B, T, Hv, V)}
     assert {n: tuple(t.shape) for n, t in p.items()} == shapes
-    assert torch.equal(p["q"][:, :, 0], p["q"][:, :, 1]) and torch.equal(p["k"][:, :, 2], p["k"][:, :, 3])
-    assert not torch.equal(p["k"][:, :, 1], p["k"][:, :, 2])  # value heads 0,1 read key head 0; 2,3 key head 1
-    beta = _beta(family, deltanet, x)
-    torch.testing.assert_close(p["b"], beta.unsqueeze(-1).expand(B, T, Hv, K), rtol=0, atol=0)
-    torch.testing.assert_close(p["w"], beta.unsqueeze(-1).expand(B, T, Hv, V), rtol=0, atol=0)
+    if not kda:  # value heads 0,1 read key head 0; 2,3 key head 1
+        assert torch.equal(p["q"][:, :, 0], p["q"][:, :, 1]) and torch.equal(p["k"][:, :, 2], p["k"][:, :, 3])
+    assert not torch.equal(p["k"][:, :, 1], p["k"][:, :, 2])
+    assert torch.equal(p["b"], own["beta"]) and torch.equal(p["w"], own["beta"]) and torch.equal(p["g"], own["g"])
     kk = (p["k"].double() ** 2).sum(-1)
-    e, beta = p["e"].double(), beta.double()
+    e, beta = p["e"].double(), own["beta"].double()
     torch.testing.assert_close(e, 1 - beta * kk / (kk + 1e-6), rtol=0, atol=1e-6)  # ||k_hat||^2 = kk / (kk + eps)
     assert float((e - (1 - beta)).abs().max()) > 1e-5  # the epsilon is visible: e is not 1 - beta
     assert torch.equal(p["lambda"], torch.zeros(Hv)) and not p["d"].any()
+    assert float(beta.max()) < (2 if family == "olmo_hybrid" else 1) and float(e.min()) > -1  # e in (-1, 1)
 
 
 @torch.no_grad()
@@ -131,7 +144,7 @@ def test_cache_shorthand_and_hook_names_on_a_hybrid_model():
 
 @torch.no_grad()
 def test_grouped_heads_reach_the_op_natively_unless_q_k_or_d_are_hooked(monkeypatch):
-    import qedprobe.hf.recurrence as recurrence
+    import qedprobe.model.recurrence as recurrence
     heads = []
 
     def spy(q, *args, **kwargs):
@@ -141,18 +154,19 @@ def test_grouped_heads_reach_the_op_natively_unless_q_k_or_d_are_hooked(monkeypa
     monkeypatch.setattr(recurrence, "qed_attention", spy)
     model = adapt(tiny_hf("qwen3_5"))
     ids = hf_ids(t=8)
-    plain = model(ids)
+    plain = model.run_with_hooks(ids, fwd_hooks=OP_PATH)
     assert heads == [2, 2, 2]  # 2 q/k heads for 4 value heads
     for name in ("hook_q", "hook_k", "hook_d"):
         heads.clear()
-        hooked = model.run_with_hooks(ids, fwd_hooks=[(f"blocks.0.linear_attn.{name}", lambda x, hook: None)])
+        hooked = model.run_with_hooks(ids, fwd_hooks=[*OP_PATH, (f"blocks.0.linear_attn.{name}", lambda x, hook: None)])
         assert heads == [4, 2, 2]
         torch.testing.assert_close(hooked, plain, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", HF_FAMILIES)
 @torch.no_grad()
-def test_zeroing_b_changes_the_output():
-    model = adapt(tiny_hf("qwen3_5"))
+def test_zeroing_b_changes_the_output(family):
+    model = adapt(tiny_hf(family))
     ids = hf_ids()
     logits, cache = model.run_with_cache(ids)
     zero_b = [("blocks.2.linear_attn.hook_b", lambda b, hook: torch.zeros_like(b))]
@@ -162,21 +176,22 @@ def test_zeroing_b_changes_the_output():
     assert torch.equal(hooked_cache["blocks.0.linear_attn.hook_o"], cache["blocks.0.linear_attn.hook_o"])
     o, o_hooked = cache["blocks.2.linear_attn.hook_o"], hooked_cache["blocks.2.linear_attn.hook_o"]
     assert float((o_hooked - o).abs().max()) > 1e-3 * float(o.abs().max())
-    assert float((hooked - logits).abs().max()) > 1e-2  # (the gated RMSNorm rescales o per token)
-    # the hook is gone after the block (without hooks on q/k/d the op reads the grouped q/k heads
-    # natively instead of per-value-head copies: the same up to float32 rounding)
-    torch.testing.assert_close(model(ids), logits, rtol=0, atol=1e-5)
+    assert float((hooked - logits).abs().max()) > 1e-3  # (the gated RMSNorm rescales o per token)
+    # the hook is gone after the block: the model's own function again (float32 rounding apart)
+    torch.testing.assert_close(model(ids), logits, **F32)
 
 
+@pytest.mark.parametrize("family", HF_FAMILIES)
 @torch.no_grad()
-def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
-    model = adapt(tiny_hf("qwen3_next"))
+def test_injected_lambda_changes_the_output_and_strength_zero_restores_it(family):
+    model = adapt(tiny_hf(family))
     ids = hf_ids()
-    base = model(ids)
+    native = model(ids)
+    base = model.run_with_hooks(ids, fwd_hooks=OP_PATH)
     inject_qed(model, 0.2, arm="full")
     assert model.cfg.arm == "full" and model.cfg.lam == ((0.2,) * 4,) * 3
     logits, cache = model.run_with_cache(ids)
-    assert float((logits - base).abs().max()) > 1e-2
+    assert float((logits - base).abs().max()) > 1e-3
     with torch.no_grad(), strength(model, 0.0):
         torch.testing.assert_close(model(ids), base, rtol=0, atol=1e-6)
     with strength(model, 1.5, layers=[2], heads=[2]):
@@ -186,11 +201,39 @@ def test_injected_lambda_changes_the_output_and_strength_zero_restores_it():
     # e = 1 - a.k_hat, a = beta k_hat + lam d; the projected direction leaves only the epsilon's part
     c = {n: cache[f"blocks.0.linear_attn.hook_{n}"].double() for n in ("k", "b", "d", "e")}
     k_hat = c["k"] / torch.sqrt((c["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
-    gdn2_e = 1 - (c["b"] * k_hat ** 2).sum(-1)
+    gdn2_e = 1 - c["b"] * (k_hat ** 2).sum(-1)
     torch.testing.assert_close(c["e"], gdn2_e - 0.2 * (c["d"] * k_hat).sum(-1), rtol=0, atol=1e-6)
     assert float((c["e"] - gdn2_e).abs().max()) < 1e-4 < float((c["d"] ** 2).sum(-1).sqrt().max())
     inject_qed(model, 0.0, arm="full")
-    torch.testing.assert_close(model(ids), base, rtol=0, atol=1e-6)
+    assert torch.equal(model(ids), native)
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_free_when_off_calls_the_models_own_function_until_hooked_or_injected(family, monkeypatch):
+    """A layer with no hook and lambda 0 calls the model's own function (the route's original);
+    a hook on one of its hook points, or an injected lambda, switches that layer alone to
+    qedprobe's op."""
+    import qedprobe.model.recurrence as recurrence
+    ours = []
+    op = recurrence.qed_attention
+    monkeypatch.setattr(recurrence, "qed_attention", lambda *a, **kw: ours.append(1) or op(*a, **kw))
+    model = adapt(tiny_hf(family))
+    own = _own_function_calls(monkeypatch, family)
+    ids = hf_ids(t=8)
+    model(ids)
+    assert (len(own), len(ours)) == (3, 0)
+    model.run_with_hooks(ids, fwd_hooks=[("blocks.2.linear_attn.hook_e", lambda e, hook: None)])
+    assert (len(own), len(ours)) == (3 + 2, 1)
+    inject_qed(model, 0.1, layers=[3])
+    model(ids)
+    assert (len(own), len(ours)) == (5 + 2, 2)
+    with strength(model, 0.0):  # lambda still injected: qedprobe's op, multiplied by 0
+        model(ids)
+    assert (len(own), len(ours)) == (7 + 2, 3)
+    inject_qed(model, 0.0)
+    model.generate([[5, 6, 7]], 3)
+    assert (len(own), len(ours)) == (9 + 3 * 3, 3)  # a prefill and two decode steps, all native
 
 
 def test_injection_selects_layers_and_heads_and_feeds_the_op():
@@ -234,8 +277,25 @@ def test_strength_phases_in_generate_and_recorders_in_every_step():
     _, cache = model.run_with_cache(hf_ids())  # unprojected arm: e = 1 - beta ||k_hat||^2 - lam rho
     k, b = cache["blocks.0.linear_attn.hook_k"].double(), cache["blocks.0.linear_attn.hook_b"].double()
     k_hat = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + 1e-6)
-    expect = 1 - (b * k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()
+    expect = 1 - b * (k_hat ** 2).sum(-1) - 0.1 * cache["blocks.0.linear_attn.hook_rho"].double()
     torch.testing.assert_close(cache["blocks.0.linear_attn.hook_e"].double(), expect, rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_lambda_scale_given_to_a_call_is_the_strength_block_around_it():
+    """``lambda_scale=`` reaches the layers transformers calls, as a ``strength`` block does, and
+    replaces the blocks around the call for that call only."""
+    model = inject_qed(adapt(tiny_hf("qwen3_5")), 0.2, arm="full")
+    ids, prompts = hf_ids(), [[5, 6, 7, 8, 9], [10, 11, 12]]
+    base = model(ids)
+    scale = LambdaScale.select(model, 0.0, layers=[2], phase="decode")
+    with strength(model, 0.0, layers=[2], phase="decode"):
+        blocked, new = model(ids), model.generate(prompts, 4, return_type="new_tokens")
+    assert torch.equal(model(ids, lambda_scale=scale), blocked)
+    assert model.generate(prompts, 4, return_type="new_tokens", lambda_scale=scale) == new
+    with strength(model, 0.0):
+        torch.testing.assert_close(model(ids, lambda_scale=LambdaScale()), base, rtol=0, atol=0)
+        assert float((model(ids) - base).abs().max()) > 1e-4
 
 
 def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
@@ -276,24 +336,53 @@ def test_unsupported_models_and_bad_arguments_are_refused(tmp_path):
     adapt(hf)  # detached: may be adapted again
 
 
-def test_repository_root_on_the_path_is_refused_by_name_where_it_would_shadow_kernels(monkeypatch):
-    """With the repository root first on sys.path, a bare ``import kernels`` finds qedprobe's own
-    folder; where the ``kernels`` package is installed (transformers 5.25 requires it) loading a
-    model is refused naming the fix, else nothing is refused."""
-    import importlib.metadata
+ROOT_SCRIPT = """
+import importlib.metadata, os, sys
+try:
+    importlib.metadata.version("kernels")
+    installed = True
+except importlib.metadata.PackageNotFoundError:
+    installed = False
+try:
+    import kernels
+    print("kernels", os.path.dirname(os.path.abspath(kernels.__file__)) != os.path.abspath("kernels"), installed)
+except ModuleNotFoundError as err:
+    print("missing", str(err) == "No module named 'kernels'", not installed)
+try:
+    import hooks
+    print("hooks", os.path.dirname(os.path.abspath(hooks.__file__)) != os.path.abspath("hooks"))
+except ModuleNotFoundError as err:
+    print("missing", str(err) == "No module named 'hooks'")
+import torch
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+from qedprobe.hf import adapt
+from qedprobe.hooks import ProbeRecorder
+from qedprobe.kernels.qed import qed_naive
+cfg = Qwen3_5TextConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                        layer_types=["linear_attention", "full_attention"])
+model = adapt(AutoModelForCausalLM.from_config(cfg).eval())
+print("logits", tuple(model.run_with_cache(torch.tensor([[1, 2, 3]]))[1]["e", 0].shape))
+"""
+
+
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+def test_bare_kernels_import_reaches_the_installed_package_from_any_directory(where, tmp_path):
+    """From the repository root (on sys.path, as with ``python -c``), ``import kernels`` is the
+    installed package transformers imports (or fails as without qedprobe), ``import hooks``
+    likewise; qedprobe and the transformers path work there and from any other directory."""
+    import subprocess
     import sys
     from pathlib import Path
-
-    from qedprobe.hf.families import refuse_shadowed_kernels
-    monkeypatch.delitem(sys.modules, "kernels", raising=False)
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
-    try:
-        importlib.metadata.version("kernels")
-    except importlib.metadata.PackageNotFoundError:
-        refuse_shadowed_kernels()
-        return
-    with pytest.raises(ImportError, match="start Python in another directory"):
-        refuse_shadowed_kernels()
+    cwd = Path(__file__).resolve().parents[1] if where == "root" else tmp_path
+    out = subprocess.run([sys.executable, "-c", ROOT_SCRIPT], cwd=cwd, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ""}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines()]
+    assert lines[0] in (["kernels", "True", "True"], ["missing", "True", "True"])
+    assert lines[1] in (["hooks", "True"], ["missing", "True"])
+    assert lines[2] == ["logits", "(1,", "3,", "2)"]
 
 
 def test_a_folder_with_a_tokenizer_gives_the_adapted_model_its_text_methods(tmp_path):
@@ -309,3 +398,134 @@ def test_a_folder_with_a_tokenizer_gives_the_adapted_model_its_text_methods(tmp_
     ids = model.to_tokens("apple 7341")
     assert ids.tolist() == [[tok.bos_id] + tok.encode("apple 7341")]
     assert model.to_string(ids[0]) == "apple 7341"
+
+
+def _offload_map(model, near="cpu", far="disk") -> dict:
+    """A ``device_map`` for accelerate: decoder layers 2 and 3 on ``far``, everything else on ``near``."""
+    layers = next(n for n, m in model.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList))
+    placed = {}
+
+    def cover(prefix, module):
+        for name, child in module.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            if full == layers:
+                placed.update({f"{full}.{i}": far if i >= 2 else near for i in range(len(child))})
+            elif layers.startswith(full + "."):
+                cover(full, child)
+            else:
+                placed[full] = near
+    cover("", model)
+    return placed
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_device_map_with_disk_offload_equals_one_device(family, tmp_path):
+    """A folder loaded with accelerate's device_map (layers 2, 3 offloaded to disk): the native
+    run, hooks and probes, inject_qed, strength and generate equal the model on one device."""
+    hf = tiny_hf(family)
+    hf.save_pretrained(tmp_path / "m")
+    assert is_transformers_folder(tmp_path / "m")  # what `qedprobe sweep / eig --model` read
+    assert folder_config(tmp_path / "m", qed_lambda=0.1).lam == ((0.1,) * 4,) * 3
+    one = adapt(hf)
+    split = adapt(tmp_path / "m", device_map=_offload_map(hf), offload_folder=tmp_path / "offload")
+    assert set(split.hf_model.hf_device_map.values()) == {"cpu", "disk"}
+    ids = hf_ids(t=12)
+    assert torch.equal(split(ids), one(ids))
+    zero_b = [("blocks.3.linear_attn.hook_b", lambda b, hook: torch.zeros_like(b))]
+    assert torch.equal(split.run_with_hooks(ids, fwd_hooks=zero_b), one.run_with_hooks(ids, fwd_hooks=zero_b))
+    for model in (one, split):
+        inject_qed(model, 0.1, arm="full", layers=[2, 3])
+    probes = lambda name: name.endswith(("hook_e", "hook_Sd", "hook_lambda"))  # noqa: E731
+    (logits, cache), (split_logits, split_cache) = (m.run_with_cache(ids, names_filter=probes) for m in (one, split))
+    assert torch.equal(split_logits, logits) and len(cache.cache_dict) == 9
+    assert all(torch.equal(split_cache[name], cache[name]) for name in cache.cache_dict)
+    with strength(one, 2.0, phase="decode"), strength(split, 2.0, phase="decode"):
+        assert split.generate([[5, 6, 7, 8]], 6) == one.generate([[5, 6, 7, 8]], 6)
+
+
+def _max_diff(a, b) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+def _paths(hf, model, ids) -> dict:
+    """Logits of a forward and of 16 greedy steps, with their tokens, on three paths: the
+    reference (transformers' PyTorch recurrence), the model's default (fla's kernels where fla
+    is installed; the adapted model with nothing hooked runs it too) and qedprobe's op."""
+    def run(hooks):
+        with model.hooks(fwd_hooks=hooks):
+            logits = hf(ids, use_cache=False).logits
+            gen = hf.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True, pad_token_id=0)
+        return logits, torch.stack(gen.logits, 1), gen.sequences[0, ids.shape[1]:].tolist()
+    with hf_torch_reference(hf):
+        torch_path = run([])
+    return {"torch": torch_path, "default": run([]), "ours": run(OP_PATH)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton path (qed_chunk, qed_recurrent)")
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_gpu_lambda_zero_matches_transformers_at_4096_tokens(family):
+    """On CUDA, T = 4096, float32: qedprobe's Triton prefill and decode against transformers'
+    PyTorch recurrence, for a forward and 16 greedy steps: as close as the model's own default
+    path (fla's kernels) is, or within 1e-4 of the logits' scale; greedy tokens agree wherever
+    the default path's do. With nothing hooked the adapted model is the default path."""
+    hf = tiny_hf(family).cuda()
+    model = adapt(hf)
+    ids = torch.randint(2, HF_VOCAB, (1, 4096), generator=torch.Generator().manual_seed(0)).cuda()
+    paths = _paths(hf, model, ids)
+    ref_logits, ref_steps, ref_tokens = paths["torch"]
+    for part, ref in ((0, ref_logits), (1, ref_steps)):
+        bound = max(2 * _max_diff(paths["default"][part], ref), 1e-4 * float(ref.abs().max()))
+        assert _max_diff(paths["ours"][part], ref) <= bound, (family, part)
+    agree = next((i for i, (a, b) in enumerate(zip(paths["default"][2], ref_tokens)) if a != b), NEW)
+    assert paths["ours"][2][:agree] == ref_tokens[:agree]
+    assert torch.equal(model(ids), hf(ids, use_cache=False).logits)  # free when off: the default path itself
+
+
+@torch.no_grad()
+def test_transformerlens_forward_conventions_on_the_adapted_model():
+    """return_type "loss" / "both" / None (also through run_with_cache), a right-padded mask
+    leaving the pads out of the loss, and what an adapted model cannot do refused by name."""
+    model = inject_qed(adapt(tiny_hf("qwen3_5")), 0.1)
+    ids = hf_ids(t=10)
+    logits = model(ids)
+    logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    loss, cache = model.run_with_cache(ids, return_type="loss")
+    torch.testing.assert_close(loss, -logp.mean())
+    assert cache["e", 0].shape == (2, 10, 4)
+    both_logits, per_token = model(ids, return_type="both", loss_per_token=True)
+    assert torch.equal(both_logits, logits) and torch.equal(per_token, -logp) and model(ids, return_type=None) is None
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    torch.testing.assert_close(model(ids, "loss", attention_mask=mask), -(logp[0].sum() + logp[1, :5].sum()) / 14)
+    for kwargs, match in (({"stop_at_layer": 1}, "`stop_at_layer` is not supported"),
+                          ({"start_at_layer": 1}, "`start_at_layer` is not supported"),
+                          ({"return_type": "probs"}, "`return_type` must be one of"),
+                          ({"attention_mask": mask.flip(1)}, "must pad on the right")):
+        with pytest.raises(ValueError, match=match):
+            model(ids, **kwargs)
+    with pytest.raises(ValueError, match="tokenizer"):
+        model.to_tokens("no tokenizer here")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a device_map over cuda:0 and the CPU")
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@torch.no_grad()
+def test_gpu_device_map_cuda_and_cpu_equals_one_device(family, tmp_path):
+    """Layers 2 and 3 offloaded to the CPU, the rest on cuda:0: injected QED, probes, strength
+    and generate as on the model wholly on cuda:0."""
+    hf = tiny_hf(family)
+    hf.save_pretrained(tmp_path / "m")
+    one = inject_qed(adapt(hf.cuda()), 0.1, layers=[2, 3])
+    split = inject_qed(adapt(tmp_path / "m", device_map=_offload_map(hf, near=0, far="cpu")), 0.1, layers=[2, 3])
+    assert set(split.hf_model.hf_device_map.values()) == {0, "cpu"}
+    ids = hf_ids(t=64).cuda()
+    names = lambda name: name.endswith(("hook_e", "hook_Sd"))  # noqa: E731
+    (logits, cache), (split_logits, split_cache) = (m.run_with_cache(ids, names_filter=names) for m in (one, split))
+    torch.testing.assert_close(split_logits, logits, rtol=1e-4, atol=1e-4)
+    for name in cache.cache_dict:
+        torch.testing.assert_close(split_cache[name].cpu(), cache[name].cpu(), rtol=1e-4, atol=1e-4)
+    with strength(one, 2.0), strength(split, 2.0):
+        assert split.generate([[5, 6, 7, 8]], 6) == one.generate([[5, 6, 7, 8]], 6)

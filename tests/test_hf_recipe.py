@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="qedprobe.hf needs transformers")
 from qedprobe.cli import main
 from qedprobe.tasks import NOISE_TEXT, NIAHTask
 
-from helpers import CHAT_TEMPLATE, HF_COMMON, one_thread, save_bpe_tokenizer
+from helpers import CHAT_TEMPLATE, HF_COMMON, one_thread, save_bpe_tokenizer, tiny_hf
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PLACEHOLDER = "path/to/Qwen3.5-0.8B"
@@ -43,7 +43,7 @@ def qwen_folder(tmp_path_factory):
 
 
 def _readme_recipe() -> str:
-    section = README.read_text().split("## Pretrained Gated DeltaNet models", 1)[1]
+    section = README.read_text().split("## Pretrained linear-attention models from transformers", 1)[1]
     return re.search(r"```python[^\n]*\n(.*?)```", section, re.S).group(1)  # tagged check-only in README
 
 
@@ -96,6 +96,25 @@ def test_cli_sweep_and_eig_on_a_transformers_folder(qwen_folder, tmp_path, capsy
     assert all(h["n"] == summary["tokens"] > 0 for row in summary["layers"] for h in row["heads"])
 
 
+def test_cli_sweep_and_eig_on_a_kda_image_text_folder(tmp_path, capsys):
+    """A GLM-5-Next folder (Kimi Delta Attention; transformers builds it only as an image-text
+    model): `sweep` with QED injected and `eig` read it as they read a Qwen3.5 folder."""
+    folder = tmp_path / "glm5"
+    tiny_hf("glm5_next", vocab_size=320).save_pretrained(folder)
+    _tokenizer(folder)
+    L = _length(folder)
+    args = ["--model", str(folder), "--samples", "1", "--qed-lambda", "0.1", "--no-progress", "--format", "legacy"]
+    with one_thread():
+        assert main(["sweep", *args, "--lengths", str(L), "--strengths", "0,1", "--out", str(tmp_path / "s")]) == 0
+        assert main(["eig", *args, "--length", str(L), "--out", str(tmp_path / "eig")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "s" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["s"] for r in rows) == [0.0, 1.0]
+    config = json.loads((tmp_path / "s" / "config.json").read_text())["model"]["config"]
+    assert config["model_type"] == "glm5_next_text" and config["lam"] == [[0.1] * 4] * 3
+    summary = json.loads((tmp_path / "eig" / "eig.json").read_text())
+    assert [row["layer"] for row in summary["layers"]] == [0, 2, 3] and summary["e_recompute_maxdiff"] < 1e-5
+
+
 def test_cli_chat_template_on_a_transformers_folder(qwen_folder, tmp_path, capsys):
     """--chat-template feeds RULER's prompt in the folder's own template; off by default; refused
     where it cannot apply."""
@@ -127,3 +146,17 @@ def test_cli_chat_template_on_a_transformers_folder(qwen_folder, tmp_path, capsy
     assert main(["eig", "--model", str(qwen_folder), "--task", "niah_single_1", "--length", str(L), "--samples", "1",
                  "--chat-template", "--out", str(tmp_path / "eig"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "eig" / "eig.json").read_text())["meta"]["chat_template"] is True
+
+
+def test_cli_qed_lambda_above_a_trained_heads_range_needs_allow_extrapolation(qwen_folder, tmp_path, capsys):
+    L = _length(qwen_folder)
+    common = ["--model", str(qwen_folder), "--qed-lambda", "0.5", "--no-progress", "--format", "legacy"]
+    assert main(["sweep", *common, "--lengths", str(L), "--samples", "1", "--strengths", "1",
+                 "--out", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err
+    assert "--qed-lambda must lie in [0, 0.25]" in err and "pass --allow-extrapolation" in err
+    assert "inject_qed" not in err and "`lam`" not in err
+    assert main(["eig", *common, "--length", str(L), "--samples", "1", "--allow-extrapolation",
+                 "--out", str(tmp_path / "eig")]) == 0
+    meta = json.loads((tmp_path / "eig" / "eig.json").read_text())["meta"]
+    assert meta["qed_lambda"] == 0.5 and meta["qed_arm"] == "full" and meta["arm"] == "full"

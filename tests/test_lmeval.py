@@ -3,19 +3,21 @@
 against qedprobe's own ``generate`` and a direct forward pass; end to end through
 ``lm_eval.simple_evaluate`` on local tasks in the shapes of fda, swde, squad_completion and a
 RULER NIAH task (:mod:`lmeval_fixtures`; nothing is downloaded)."""
+import runpy
+
 import pytest
 import torch
 
 pytest.importorskip("lm_eval")
 
-from lmeval_fixtures import MICRO, TASKS, write_tasks  # noqa: E402 (sets the offline switches first)
+from lmeval_fixtures import MICRO, TASKS, niah_docs, write_tasks  # noqa: E402 (sets the offline switches first)
 
 import lm_eval  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
-from qedprobe.lmeval import ModelArgsError, QEDProbeLM  # noqa: E402
+from qedprobe.lmeval import ModelArgsError, QEDProbeLM, RequestError  # noqa: E402
 from qedprobe.model import strength  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -135,9 +137,36 @@ def test_bad_model_args_are_refused_by_name(kwargs, name):
         QEDProbeLM(**{"pretrained": MICRO, **kwargs})
 
 
-def test_strength_on_gdn2_is_refused():
+def test_a_request_over_max_length_is_refused_not_truncated():
+    lm = QEDProbeLM(pretrained=MICRO, max_length=16)
+    assert lm.generate_until([_gen("x" * 7, until=["\n"], max_gen_toks=8)])  # BOS + 7 + 8 = 16 fits
+    with pytest.raises(RequestError, match="max_length=16"):
+        lm.generate_until([_gen("x" * 8, until=["\n"], max_gen_toks=8)])
+    with pytest.raises(RequestError, match="max_length=16"):
+        lm.loglikelihood([_ll("x" * 15, "yz")])
+
+
+def test_strength_on_gdn2_is_refused(tmp_path):
+    from helpers import saved_tiny_model
+    folder = saved_tiny_model(tmp_path / "gdn2", arm="gdn2")
+    assert QEDProbeLM(pretrained=folder, strength=1).strength == 1.0
     with pytest.raises(ModelArgsError, match="gdn2"):
-        QEDProbeLM(pretrained=MICRO.replace("micro-recall-full-s1", "micro-recall-gdn2-s1"), strength=0.5)
+        QEDProbeLM(pretrained=folder, strength=0.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the compiled fast path and CUDA-graph decode steps")
+def test_cuda_fast_path_answers_as_the_plain_path():
+    """On CUDA a QEDModel runs the fast path; ``eager=true`` the plain one: the same greedy answers
+    on the prompts the checkpoint was trained for, scores to float32 rounding."""
+    docs = niah_docs(4)
+    fast = QEDProbeLM(pretrained=MICRO, device="cuda", dtype="float32", batch_size=4)
+    plain = QEDProbeLM(pretrained=MICRO, device="cuda", dtype="float32", batch_size=4, eager=True)
+    assert fast.fast and not plain.fast
+    gens = [_gen(d["input"], until=["\n"], max_gen_toks=12) for d in docs]
+    assert fast.generate_until(gens) == plain.generate_until(gens)
+    pairs = [_ll(d["input"], " " + d["outputs"][0]) for d in docs]
+    for a, b in zip(fast.loglikelihood(pairs), plain.loglikelihood(pairs)):
+        assert a[0] == pytest.approx(b[0], rel=1e-3, abs=1e-3) and a[1] == b[1]
 
 
 def _tiny_qwen35_folder(folder):
@@ -190,3 +219,12 @@ def test_simple_evaluate_on_local_tasks(tmp_path):
                 assert s["contains"] == contains_score(resp, [s["target"]])
                 assert s["arguments"][0][1]["until"] in (["\n"], ["\n\n"])
     assert out["results"]["niah_local"]["1024,none"] > 0  # the micro model retrieves needles at 1K
+
+
+def test_python_m_qedprobe_lmeval_is_lm_evals_cli_with_the_model(monkeypatch):
+    import lm_eval.__main__ as lm_main
+    from lm_eval.api.registry import get_model
+    seen = []
+    monkeypatch.setattr(lm_main, "cli_evaluate", lambda: seen.append(get_model("qedprobe")))
+    runpy.run_module("qedprobe.lmeval", run_name="__main__")
+    assert seen == [QEDProbeLM]

@@ -5,9 +5,10 @@ import torch
 pytest.importorskip("transformer_lens", reason="the hooked model needs transformer-lens")
 
 from qedprobe.kernels.qed import PROJECTED_ARMS, l2_normalize
-from qedprobe.model import QEDModel, strength
+from qedprobe.model import LambdaScale, QEDModel, strength
 from qedprobe.model import decode_step as decode_step_module
-from qedprobe.model import mixer as mixer_module
+from qedprobe.model import recurrence as recurrence_module
+from qedprobe.model.strength import active_lambda_scale
 
 from helpers import ids, tiny
 
@@ -62,13 +63,13 @@ def test_pos_slice_cuts_the_position_axis(model):
 
 def test_probes_requested_only_when_hooked(model, monkeypatch):
     asked = []
-    real = mixer_module.qed_attention
+    real = recurrence_module.qed_attention
 
     def spy(*args, **kw):
         asked.append((kw["return_probes"], kw["d"] is not None))
         return real(*args, **kw)
 
-    monkeypatch.setattr(mixer_module, "qed_attention", spy)
+    monkeypatch.setattr(recurrence_module, "qed_attention", spy)
     x = ids()
     plain = model(x)
     assert asked == [(False, False)] * 2
@@ -164,8 +165,31 @@ def test_strength_nesting_and_exceptions_restore(model):
     with pytest.raises(RuntimeError, match="boom"):
         with strength(model, 0.0):
             raise RuntimeError("boom")
-    assert model.strength_factors == []
+    assert active_lambda_scale(model).factors == ()
     assert torch.equal(model(x), base)
+
+
+def test_lambda_scale_passed_to_a_call_is_the_strength_block_around_it(model):
+    """``LambdaScale.select`` checks and builds what a ``strength`` block applies; given to a call
+    it is that call's strength (the blocks around it are not applied), and a block in another
+    thread does not reach this one's calls."""
+    import threading
+    x = ids()
+    base, scale = model(x), LambdaScale.select(model, 0.0, layers=[1], phase="prefill")
+    with strength(model, 0.0, layers=[1], phase="prefill"):
+        blocked, gen = model(x), model.generate(x, 4)
+    assert (blocked - base).abs().max() > 1e-4
+    assert torch.equal(model(x, lambda_scale=scale), blocked) and torch.equal(model.generate(x, 4, lambda_scale=scale), gen)
+    with strength(model, 2.0):
+        assert torch.equal(model(x, lambda_scale=LambdaScale()), base)
+    seen = []
+    with strength(model, 0.0):
+        thread = threading.Thread(target=lambda: seen.append(model(x)))
+        thread.start()
+        thread.join()
+    assert torch.equal(seen[0], base)
+    with pytest.raises(ValueError, match="tested range"):
+        LambdaScale.select(model, 3.0)
 
 
 @pytest.mark.parametrize("arm", PROJECTED_ARMS + ("nogate_noproj", "noproj"))
@@ -219,7 +243,7 @@ def test_strength_bad_input(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         with strength(model, **kwargs):
             pass
-    assert model.strength_factors == []
+    assert active_lambda_scale(model).factors == ()
 
 
 def test_strength_extrapolation_allowed_and_non_model_refused(model):

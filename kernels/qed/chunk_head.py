@@ -28,14 +28,13 @@ from .chunk_common import BT, ChunkLayout, channel_slice, chunk_position, exp, s
 from .chunk_intra import (DirectionInputs, Prepared, Scores, direction_source, erase_from, head_pointers, row_scalars,
                           slice_rows)
 
-HEAD_SCORES_BKS = 32
-"""Key slice of the per-head-decay scores kernel (``[64, 32]`` row tiles)."""
-
-
-def head_scores_warps(probes: bool) -> int:
-    """Warps of the per-head-decay scores kernel, by rule: its two ``[64, 64]`` float32
-    accumulators fit 4 warps' registers; the probes' third takes 8."""
-    return 8 if probes else 4
+def head_scores_config(K: int, probes: bool, state_dtype: torch.dtype) -> tuple[int, int]:
+    """``(BKS, num_warps)`` of the per-head-decay scores kernel, by rule (no autotuning): 4 warps,
+    key slices of 64 without probes and of 32 with them (the third ``[64, 64]`` accumulator leaves
+    no registers for wider slices) or in float64; on an H100 the fastest of slices 32 / 64 x 4 / 8
+    warps x 1 / 2 stages (docs/BENCHMARKS.md)."""
+    wide = probes or state_dtype == torch.float64
+    return min(32 if wide else 64, triton.next_power_of_2(K)), 4
 
 
 @triton.heuristics({
@@ -102,12 +101,13 @@ def chunk_head_scores_fwd(x: DirectionInputs, prep: Prepared, *, scale: float, l
     out = Scores(aqk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype),
                  akk=torch.empty(B, T, HV, BT, device=dev, dtype=lay.state_dtype),
                  adk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype) if probes else None)
+    BKS, num_warps = head_scores_config(K, probes, lay.state_dtype)
     qed_head_scores_kernel[lay.grid](
         q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, gc=prep.gc, rq=prep.rq, rk=prep.rk, cp=prep.cp,
         aqk=out.aqk, akk=out.akk, adk=out.adk,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
-        H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(HEAD_SCORES_BKS, triton.next_power_of_2(K)),
+        H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=BKS,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec,
-        num_warps=head_scores_warps(probes), num_stages=1,
+        num_warps=num_warps, num_stages=1,
     )
     return out

@@ -308,24 +308,24 @@ def qed_prep_kernel(
         cols, m_c = channel_slice(i_k, BKS, K)
         i_n = tl.minimum(i_k + 1, NK - 1)
         n_q, n_k, n_b = slice_rows(q, k, b, rows, m_t, i_n, H, HV, K, BKS, B_HEAD)
+        if not G_HEAD:
+            c_n, m_n = channel_slice(i_n, BKS, K)
+            n_g = load_tile(g, rows, m_t, c_n, m_n, HV * K, DT)
         b_q, b_k, b_a, b_d = erase_tiles(r_q.to(DT), r_k.to(DT), r_b.to(DT), z, d_in, rows, m_t, cols, m_c, b_rq,
                                          b_rk, b_c, lam_f, HV, K, DIR_SOURCE, DIR_GATED, DT)
         if G_HEAD:
             b_ex = ex_q
-            b_kd = ex_k
+            store_tile(kg + off, b_k * ex_k, rows, m_t, cols, m_c, HV * K)
         else:
-            c_n, m_n = channel_slice(i_n, BKS, K)
-            n_g = load_tile(g, rows, m_t, c_n, m_n, HV * K, DT)
             b_G = tl.cumsum(r_g, 0)
             b_glast = tl.sum(r_g, 0)
             b_ex = exp(b_G)
-            b_kd = exp(b_glast[None, :] - b_G)
             store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
-            tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
-            r_g = n_g
-        store_tile(kg + off, b_k * b_kd, rows, m_t, cols, m_c, HV * K)
+            store_tile(kg + off, b_k * exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
+        if not G_HEAD:
+            tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
@@ -334,6 +334,8 @@ def qed_prep_kernel(
             store_tile(kh + off, b_k, rows, m_t, cols, m_c, HV * K)
             store_tile(a_out + off, b_a, rows, m_t, cols, m_c, HV * K)
         r_q, r_k, r_b = n_q, n_k, n_b
+        if not G_HEAD:
+            r_g = n_g
 
 
 @dataclass(frozen=True)

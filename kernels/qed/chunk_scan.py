@@ -45,11 +45,15 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     if G_HEAD:
         b_gl = tl.load(gl + (c0 + i_t) * HV + i_hv).to(DT)
     else:
-        b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)[:, None]
+        b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)
     b_r = (b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)).to(b_w.dtype)
     if STORE_R:
         tl.store(r + rows[:, None] * (HV * V) + o_v[None, :], b_r.to(r.dtype.element_ty), mask=m_tv)
-    return S * b_gl + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
+    if G_HEAD:
+        out = S * b_gl + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
+    else:
+        out = S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
+    return out
 
 
 @triton.heuristics({

@@ -30,6 +30,9 @@ WY_BKS = 32
 """Key slice of the W/U kernel."""
 WY_BVS = 32
 """Value slice of the W/U kernel."""
+WY_HEAD_SLICE = 64
+"""Key and value slices of the W/U kernel for a per-head write gate (``[B, T, HV]``: one scalar
+per row): ``[64, 64]`` tiles, faster there than 32 on an H100 (docs/BENCHMARKS.md)."""
 WY_WARPS = 4
 INVERSE_WARPS = 1
 """Warps of the two kernels, by rule (no autotuning). The inverse runs in one warp: its forward
@@ -186,10 +189,11 @@ def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: to
     B, T, HV, K = ag.shape
     V = v.shape[-1]
     out = WYFactors(w=torch.empty_like(ag), u=torch.empty(B, T, HV, V, device=v.device, dtype=ag.dtype))
+    head_w = w_gate.dim() == 3
     qed_wy_kernel[lay.grid](
         ag=ag, v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        HV=HV, K=K, V=V, BT=BT, BKS=min(WY_BKS, triton.next_power_of_2(K)),
-        BVS=min(WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_WARPS, num_stages=1,
+        HV=HV, K=K, V=V, BT=BT, BKS=min(WY_HEAD_SLICE if head_w else WY_BKS, triton.next_power_of_2(K)),
+        BVS=min(WY_HEAD_SLICE if head_w else WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_WARPS, num_stages=1,
     )
     return out

@@ -132,6 +132,38 @@ def _float(name: str, x: torch.Tensor, op: str):
 
 def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state, cu_seqlens) -> QEDProblem:
     """Validate one call of a QED op; see the op's docstring for the meaning of each argument."""
+    B, T, H, K, HV, V = _dims(op, q, v)
+    _shape("k", k, (B, T, H, K), op, "[B, T, H, K]")
+    _shape("v", v, (B, T, HV, V), op, "[B, T, HV, V]")
+    head_g = _gate("g", g, (B, T, HV, K), op, "[B, T, HV, K]")
+    head_b = _gate("b", b, (B, T, HV, K), op, "[B, T, HV, K]")
+    head_w = _gate("w", w, (B, T, HV, V), op, "[B, T, HV, V]")
+    if not isinstance(lam, torch.Tensor) or tuple(lam.shape) not in ((HV,), (B, T, HV)):
+        got = tuple(lam.shape) if isinstance(lam, torch.Tensor) else type(lam).__name__
+        raise ValueError(f"{op}: `lam` must be a tensor of shape [HV] = ({HV},) or [B, T, HV] = {(B, T, HV)}, "
+                         f"got {got}")
+    tensors = {"q": q, "k": k, "v": v, "g": g, "b": b, "w": w, "lam": lam, **_arm_tensors(op, arm, z, d, B, T, HV, K)}
+    compute_dtype = _compute_dtype(op, tensors)
+    N, offsets = _sequences(op, cu_seqlens, B, T)
+    if initial_state is not None:
+        _shape("initial_state", initial_state, (N, HV, K, V), op, "[N, HV, K, V]")
+        if initial_state.dtype != compute_dtype:
+            raise ValueError(f"{op}: `initial_state` must be {compute_dtype} (the state dtype), got {initial_state.dtype}")
+        if initial_state.device != q.device:
+            raise ValueError(f"{op}: `initial_state` is on {initial_state.device} but `q` is on {q.device}")
+    if scale is None:
+        scale = K ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < float(scale) < float("inf")):
+        raise ValueError(f"{op}: `scale` must be a positive finite float or None (= K ** -0.5), got {scale!r}")
+    if value_checks_enabled():
+        _check_values(op, tensors if initial_state is None else {**tensors, "initial_state": initial_state})
+    return QEDProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
+                      compute_dtype=compute_dtype, offsets=offsets, head_g=head_g, head_b=head_b, head_w=head_w)
+
+
+def _dims(op: str, q, v) -> tuple[int, int, int, int, int, int]:
+    """``(B, T, H, K, HV, V)`` from ``q`` ``[B, T, H, K]`` and ``v`` ``[B, T, HV, V]``: none empty,
+    and ``HV`` a multiple of ``H`` (grouped value heads)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         got = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"{op}: `q` must be a 4-D tensor [B, T, H, K], got {got}")
@@ -145,30 +177,31 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
     if HV % H != 0:
         raise ValueError(f"{op}: the value heads of `v` (HV={HV}) must be a multiple of the query/key heads "
                          f"of `q` (H={H}): value head j reads query/key head j // (HV // H)")
-    _shape("k", k, (B, T, H, K), op, "[B, T, H, K]")
-    _shape("v", v, (B, T, HV, V), op, "[B, T, HV, V]")
-    head_g = _gate("g", g, (B, T, HV, K), op, "[B, T, HV, K]")
-    head_b = _gate("b", b, (B, T, HV, K), op, "[B, T, HV, K]")
-    head_w = _gate("w", w, (B, T, HV, V), op, "[B, T, HV, V]")
-    if not isinstance(lam, torch.Tensor) or tuple(lam.shape) not in ((HV,), (B, T, HV)):
-        got = tuple(lam.shape) if isinstance(lam, torch.Tensor) else type(lam).__name__
-        raise ValueError(f"{op}: `lam` must be a tensor of shape [HV] = ({HV},) or [B, T, HV] = {(B, T, HV)}, "
-                         f"got {got}")
-    tensors = {"q": q, "k": k, "v": v, "g": g, "b": b, "w": w, "lam": lam}
+    return B, T, H, K, HV, V
 
+
+def _arm_tensors(op: str, arm, z, d, B: int, T: int, HV: int, K: int) -> dict:
+    """The arm's extra inputs, checked: ``z`` ``[HV, K]`` (arm ``rand`` only, and required there)
+    and the external direction ``d`` ``[B, T, HV, K]``; returns those given, by name."""
     if arm not in ARMS:
         raise ValueError(f"{op}: `arm` must be one of {ARMS}, got {arm!r}")
+    extra = {}
     if arm == "rand":
         if z is None:
             raise ValueError(f"{op}: arm='rand' needs `z`, one unit vector per value head, shape [HV, K] = {(HV, K)}")
         _shape("z", z, (HV, K), op, "[HV, K]")
-        tensors["z"] = z
+        extra["z"] = z
     elif z is not None:
         raise ValueError(f"{op}: `z` is only used by arm='rand', got arm={arm!r}; pass z=None")
     if d is not None:
         _shape("d", d, (B, T, HV, K), op, "[B, T, HV, K]")
-        tensors["d"] = d
+        extra["d"] = d
+    return extra
 
+
+def _compute_dtype(op: str, tensors: dict) -> torch.dtype:
+    """float64 when every input is float64, else float32 (float64 mixed with lower precision is
+    refused); every input a float tensor on ``q``'s device."""
     for name, x in tensors.items():
         _float(name, x, op)
     wide = [n for n, x in tensors.items() if x.dtype == torch.float64]
@@ -176,55 +209,42 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
         name = next(n for n, x in tensors.items() if x.dtype != torch.float64)
         raise ValueError(f"{op}: `{name}` is {tensors[name].dtype} but {wide} are float64; "
                          "float64 inputs cannot be mixed with lower precision")
-    compute_dtype = torch.float64 if wide else torch.float32
-    device = q.device
+    device = tensors["q"].device
     for name, x in tensors.items():
         if x.device != device:
             raise ValueError(f"{op}: `{name}` is on {x.device} but `q` is on {device}")
+    return torch.float64 if wide else torch.float32
 
+
+def _sequences(op: str, cu_seqlens, B: int, T: int) -> tuple[int, tuple | None]:
+    """``(N, offsets)``: the ``B`` rows, or the ``N`` sequences packed in one row by ``cu_seqlens``
+    (offsets rising strictly from 0 to ``T``, read on the host)."""
     if cu_seqlens is None:
-        N, offsets = B, None
-    else:
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-            raise ValueError(f"{op}: `cu_seqlens` must be a 1-D integer tensor [N + 1] of sequence offsets")
-        if cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{op}: `cu_seqlens` must be int32 or int64, got {cu_seqlens.dtype}")
-        if B != 1:
-            raise ValueError(f"{op}: with `cu_seqlens` the batch size must be 1 (packed sequences), got B={B}")
-        offsets = cu_seqlens.tolist()
-        if offsets[0] != 0 or offsets[-1] != T or any(b2 <= b1 for b1, b2 in zip(offsets, offsets[1:])):
-            raise ValueError(
-                f"{op}: `cu_seqlens` must rise strictly from 0 to T={T}, got {offsets}"
-            )
-        N, offsets = len(offsets) - 1, tuple(offsets)
+        return B, None
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{op}: `cu_seqlens` must be a 1-D integer tensor [N + 1] of sequence offsets")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{op}: `cu_seqlens` must be int32 or int64, got {cu_seqlens.dtype}")
+    if B != 1:
+        raise ValueError(f"{op}: with `cu_seqlens` the batch size must be 1 (packed sequences), got B={B}")
+    offsets = cu_seqlens.tolist()
+    if offsets[0] != 0 or offsets[-1] != T or any(b2 <= b1 for b1, b2 in zip(offsets, offsets[1:])):
+        raise ValueError(f"{op}: `cu_seqlens` must rise strictly from 0 to T={T}, got {offsets}")
+    return len(offsets) - 1, tuple(offsets)
 
-    if initial_state is not None:
-        _shape("initial_state", initial_state, (N, HV, K, V), op, "[N, HV, K, V]")
-        if initial_state.dtype != compute_dtype:
-            raise ValueError(f"{op}: `initial_state` must be {compute_dtype} (the state dtype), got {initial_state.dtype}")
-        if initial_state.device != device:
-            raise ValueError(f"{op}: `initial_state` is on {initial_state.device} but `q` is on {device}")
 
-    if scale is None:
-        scale = K ** -0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < float(scale) < float("inf")):
-        raise ValueError(f"{op}: `scale` must be a positive finite float or None (= K ** -0.5), got {scale!r}")
-
-    if value_checks_enabled():
-        checked = dict(tensors)
-        if initial_state is not None:
-            checked["initial_state"] = initial_state
-        for name, x in checked.items():
-            if not bool(torch.isfinite(x).all()):
-                raise ValueError(f"{op}: `{name}` contains NaN or Inf")
-        if bool((g > 0).any()):
-            raise ValueError(f"{op}: `g` is a natural-log decay and must be <= 0, got max {g.max().item():.4g}")
-        if bool((lam.abs() > LAMBDA_BOUND).any()):
-            raise ValueError(f"{op}: `lam` must satisfy |lam| <= LAMBDA_BOUND = {LAMBDA_BOUND:g} (beyond it the "
-                             f"state can grow without bound), got max |lam| {lam.abs().max().item():.4g}")
-
-    return QEDProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
-                      compute_dtype=compute_dtype, offsets=offsets, head_g=head_g, head_b=head_b, head_w=head_w)
+def _check_values(op: str, tensors: dict) -> None:
+    """The value checks (:func:`value_checks_enabled`; each reads its tensor on the host): every
+    input finite, ``g <= 0`` (a log decay), ``|lam| <= LAMBDA_BOUND``."""
+    for name, x in tensors.items():
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{op}: `{name}` contains NaN or Inf")
+    g, lam = tensors["g"], tensors["lam"]
+    if bool((g > 0).any()):
+        raise ValueError(f"{op}: `g` is a natural-log decay and must be <= 0, got max {g.max().item():.4g}")
+    if bool((lam.abs() > LAMBDA_BOUND).any()):
+        raise ValueError(f"{op}: `lam` must satisfy |lam| <= LAMBDA_BOUND = {LAMBDA_BOUND:g} (beyond it the "
+                         f"state can grow without bound), got max |lam| {lam.abs().max().item():.4g}")
 
 
 def on_input_device(fn):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, check_out_folder, fail
 from qedprobe.kernels.qed import ARMS
 from qedprobe.lam import LAMBDA_MAX, THETA_INIT
 from qedprobe.model.convert import convert, read_checkpoint
@@ -30,7 +30,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     """Add the ``convert`` sub-command."""
-    p = subparsers.add_parser("convert", help="convert an fla-style GDN-2 model checkpoint into a qedprobe model",
+    p = subparsers.add_parser("convert", help=COMMAND_HELP["convert"],
                               description="Turn an fla-style GDN-2 model checkpoint into a qedprobe model.")
     p.add_argument("input", help="fla checkpoint: a directory (model.safetensors[.index.json] or "
                                  "pytorch_model.bin, optional config.json) or a single weights file")

@@ -2,7 +2,7 @@
 (:mod:`qedprobe.demo`)."""
 from __future__ import annotations
 
-from qedprobe.cliutil import fail
+from qedprobe.cliutil import COMMAND_HELP, fail
 from qedprobe.demo import probe_table, worked_example
 
 
@@ -16,7 +16,7 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="worked example + probe table of a random QED layer per arm")
+    p = subparsers.add_parser("demo", help=COMMAND_HELP["demo"])
     p.add_argument("--tokens", type=int, default=256, help="tokens per sequence in the probe table")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.set_defaults(func=run)

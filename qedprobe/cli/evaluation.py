@@ -18,23 +18,27 @@ from pathlib import Path
 import torch
 
 from qedprobe import dist
-from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail
 from qedprobe.eval import sweep
 from qedprobe.eval.eig import run_eig, task_batches, text_batches
+from qedprobe.eval.plots import task_label
 from qedprobe.eval.report import build_report
-from qedprobe.eval.spec import (SweepSpec, check_model, check_strengths_for, check_tokenizer_fits, parse_float_list,
-                                parse_int_list, sweep_config)
+from qedprobe.eval.spec import (SweepSpec, check_eval_seed, check_model, check_strengths_for, check_tokenizer_fits,
+                                parse_float_list, parse_int_list, sweep_config)
 from qedprobe.eval.store import SweepError, open_store
 from qedprobe.hf.folder import folder_config, is_transformers_folder, load_folder
+from qedprobe.hf.inject import injected_config
 from qedprobe.kernels.qed import ARMS
 from qedprobe.model import QEDConfig, QEDModel
-from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.model.checkpoint import CONFIG_NAME, WEIGHTS_NAME, check_recurrence, state_dict_sha256
 from qedprobe.tasks import DEFAULT_FORMAT, FORMATS, ForeignKeyTask, make_task
 from qedprobe.tokenizer import TokenizerError, load_tokenizer
 
 __all__ = ["register", "run_sweep_cmd", "run_report_cmd", "run_eig_cmd", "summary_table", "eig_table"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXTRAPOLATION_HELP = ("allow s outside [-1, 2] and --qed-lambda outside [0, 0.25] (lambda_max of a QED head): "
+                      "beyond them the state may grow")
 
 
 def _idx_list(text, name):
@@ -45,8 +49,9 @@ def _idx_list(text, name):
 
 def _common_model_args(p):
     p.add_argument("--model", required=True,
-                   help="folder written by QEDModel.save_pretrained, or a transformers Qwen3.5 / "
-                        "Qwen3-Next / OLMo-Hybrid folder (qedprobe.hf)")
+                   help="folder written by QEDModel.save_pretrained, or a transformers folder of a "
+                        "delta-rule family (qedprobe.hf.SUPPORTED: Qwen3.5, Qwen3-Next, OLMo-Hybrid, "
+                        "Qwen4-Exp, Lara-Mini, Kimi-Linear, Bailing-Hybrid, GLM-5-Next)")
     p.add_argument("--tokenizer", default=None,
                    help="'bytes' (built-in byte tokenizer) or a local Hugging Face tokenizer folder "
                         "(default: the --model folder when it is a transformers folder or holds a "
@@ -58,15 +63,23 @@ def _common_model_args(p):
                    help="erase direction of --qed-lambda")
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+                   help="weights dtype; auto (the default) is bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--layers", default=None, help="comma list of layers whose lambda s scales (default all)")
     p.add_argument("--heads", default=None, help="comma list of heads whose lambda s scales (default all)")
     p.add_argument("--format", default=DEFAULT_FORMAT, choices=FORMATS,
                    help="task format: ruler (NVIDIA RULER's NIAH prompts, budget and score; default) or "
                         "legacy (the format the shipped checkpoints were trained on)")
+    add_threads_flag(p)
     p.add_argument("--chat-template", action="store_true",
                    help="ruler format: put each prompt in the tokenizer's own chat template as the user's "
                         "turn, the assistant's turn opened, then RULER's answer prefix (default: raw prompts)")
+
+
+def add_threads_flag(p) -> None:
+    """``--threads`` (applied by :func:`set_threads`), shared with ``qedprobe lm-eval``."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads, >= 1 (default: torch's, one per core; with another torch process on "
+                        "the same cores, 1 avoids their contention)")
 
 
 def register(subparsers) -> None:
@@ -77,7 +90,7 @@ def register(subparsers) -> None:
 
 
 def _register_sweep(subparsers) -> None:
-    p = subparsers.add_parser("sweep", help="NIAH accuracy vs inference-time strength s (resumable)",
+    p = subparsers.add_parser("sweep", help=COMMAND_HELP["sweep"],
                               description="Run a strength sweep: every (length, s, sample) once, "
                                           "appended to OUT/results.jsonl; rerun to resume.")
     _common_model_args(p)
@@ -110,18 +123,18 @@ def _register_sweep(subparsers) -> None:
     p.add_argument("--control", default=None, choices=("foreign-key",),
                    help="legacy mk-niah only: ask a key that no needle has, scoring the asked needle's value "
                         "(qedprobe.tasks.control; a key-matching model falls to <= 1/num_needles)")
-    p.add_argument("--allow-extrapolation", action="store_true", help="allow s outside [-1, 2]")
+    p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--eager", action="store_true",
                    help="the plain path for debugging: every layer in plain PyTorch (not the torch.compile'd "
                         "fast path a QEDModel runs on CUDA by default) and eager decode steps (as --eager-decode)")
     p.add_argument("--eager-decode", action="store_true",
                    help="decode step by step in eager mode instead of replaying a CUDA graph (same rows)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     p.set_defaults(func=run_sweep_cmd)
 
 
 def _register_report(subparsers) -> None:
-    p = subparsers.add_parser("report", help="several sweeps side by side, with paired tests",
+    p = subparsers.add_parser("report", help=COMMAND_HELP["report"],
                               description="Markdown tables and a figure from sweep folders.")
     p.add_argument("sweeps", nargs="+", help="sweep output folders")
     p.add_argument("--labels", default=None, help="comma list of column labels (default: folder names)")
@@ -133,7 +146,7 @@ def _register_report(subparsers) -> None:
 
 
 def _register_eig(subparsers) -> None:
-    p = subparsers.add_parser("eig", help="streaming histograms of e_t, rho_t, ||S^T d||, sigma_max(M_t)",
+    p = subparsers.add_parser("eig", help=COMMAND_HELP["eig"],
                               description="Run a task or a text file through the model and save "
                                           "per-layer, per-head statistics of the erase factor.")
     _common_model_args(p)
@@ -145,9 +158,9 @@ def _register_eig(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="data seed of the task inputs")
     p.add_argument("--batch-size", type=int, default=1, help="inputs per forward pass")
     p.add_argument("--strength", type=float, default=1.0, help="s for lambda -> s * lambda")
-    p.add_argument("--allow-extrapolation", action="store_true")
+    p.add_argument("--allow-extrapolation", action="store_true", help=EXTRAPOLATION_HELP)
     p.add_argument("--out", required=True, help="folder for eig.npz, eig.json and figures")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
     p.set_defaults(func=run_eig_cmd)
 
 
@@ -159,7 +172,7 @@ def parse_length(text):
     return v
 
 
-_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "max_new_tokens": "--max-new-tokens",
+_TASK_FLAGS = {"allow_extrapolation": "--allow-extrapolation", "lam": "--qed-lambda", "seed": "--seed", "max_new_tokens": "--max-new-tokens",
                "haystack_file": "--haystack-file", "num_needles": "--num-needles", "haystack": "--haystack",
                "chat_template": "--chat-template"}
 FLAGS = {"sweep": {**_TASK_FLAGS, "s": "--strengths", "samples": "--samples", "lengths": "--lengths",
@@ -211,9 +224,19 @@ def _check_chat_template(args) -> None:
         raise SweepError("--chat-template applies to task prompts (--task), not to --text")
 
 
+def set_threads(args) -> None:
+    """``--threads`` -> ``torch.set_num_threads`` (before any work)."""
+    if args.threads is None:
+        return
+    if args.threads < 1:
+        raise SweepError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+
+
 def _rank_device_dtype(args):
     """:func:`_device_dtype`, with the process group started under torchrun and a CUDA device
-    per rank (``qedprobe.dist``)."""
+    per rank (``qedprobe.dist``); ``--threads`` applied."""
+    set_threads(args)
     dev, dtype = _device_dtype(args)
     dist.init_from_env(dev)
     return dist.rank_device(dev), dtype
@@ -223,14 +246,28 @@ def _model_config(path, args):
     p = Path(path)
     if not p.is_dir():
         raise SweepError(f"--model {path!r} is not a folder")
+    if args.qed_lambda is not None and not _is_transformers(args):
+        raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
     try:
-        if _is_transformers(args):
-            return folder_config(p, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
-        if args.qed_lambda is not None:
-            raise SweepError("--qed-lambda applies to a transformers --model folder; a QEDModel has its own lambda")
-        return QEDConfig.load(p / "config.json")
+        cfg = folder_config(p) if _is_transformers(args) else _qed_config(p)
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise SweepError(f"--model {path!r}: {exc}") from None
+    if args.qed_lambda is None:
+        return cfg
+    try:
+        return injected_config(cfg, args.qed_lambda, args.qed_arm, allow_extrapolation=args.allow_extrapolation)
+    except ValueError as exc:  # inject_qed's words -> the flags' (FLAGS: `lam` is --qed-lambda)
+        raise SweepError(str(exc).removeprefix("inject_qed: ")) from None
+
+
+def _qed_config(folder: Path) -> QEDConfig:
+    """A QEDModel folder's config, checked against the recurrence its weights record (a header
+    read, no tensor): a config that does not describe the weights is reported before any check
+    of the flags against it."""
+    cfg = QEDConfig.load(folder / CONFIG_NAME)
+    if (folder / WEIGHTS_NAME).is_file():
+        check_recurrence(cfg, folder / WEIGHTS_NAME)
+    return cfg
 
 
 def _check_out(path) -> None:
@@ -243,7 +280,8 @@ def _check_out(path) -> None:
 def _load_model(path, dev, dtype, args):
     try:
         if _is_transformers(args):
-            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm)
+            return load_folder(path, dtype=dtype, device=dev, qed_lambda=args.qed_lambda, qed_arm=args.qed_arm,
+                               allow_extrapolation=args.allow_extrapolation)
         model = QEDModel.from_pretrained(path, dtype=dtype, device=dev)
     except Exception as exc:  # noqa: BLE001 - report any loading failure as one line
         raise SweepError(f"cannot load the model from {path!r}: {type(exc).__name__}: {exc}") from None
@@ -251,6 +289,7 @@ def _load_model(path, dev, dtype, args):
 
 
 def run_sweep_cmd(args) -> int:
+    store, kept = None, 0
     try:
         spec, cfg = _sweep_spec(args)
         dev, dtype = _rank_device_dtype(args)
@@ -259,21 +298,44 @@ def run_sweep_cmd(args) -> int:
         config = sweep_config(spec, model_id=spec.model_id, model_cfg=cfg, dtype=str(dtype).replace("torch.", ""),
                               weights=state_dict_sha256(model))
         store = open_store(args.out, config)
+        kept = len(store.rows)
         try:
             result = sweep.run_sweep(model, spec, out=store)
         finally:
             store.close()
     except SweepError as exc:
         return _fail("sweep", exc)
+    except KeyboardInterrupt:  # Ctrl-C: the rows written so far are complete and kept
+        return _interrupted(args.out, store, kept)
     if dist.is_main():
-        timing = result.timing
-        ranks = f" (rank 0 of {dist.world_size()})" if dist.world_size() > 1 else ""
-        print(summary_table(result.summary))
-        print(f"wrote {Path(args.out) / 'summary.csv'} ({len(result.summary)} cells); "
-              f"model time {timing['model_s']:.1f} s{ranks}, "
-              f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s, "
-              f"{'fast path (' + result.fast_path + ')' if result.fast_path else 'plain path'}")
+        _print_sweep(result, spec, cfg.arm, args.out, computed=len(store.rows) - kept, reused=kept)
     return 0
+
+
+def _interrupted(out, store, kept: int) -> int:
+    """One line on a Ctrl-C: what the folder keeps and that a rerun resumes; exit status 130."""
+    if store is None:
+        print("qedprobe sweep: interrupted before any row was computed; nothing was written", file=sys.stderr)
+    else:
+        print(f"qedprobe sweep: interrupted; {out} keeps {len(store.rows)} rows ({len(store.rows) - kept} from "
+              "this run): run the same command again to resume from there", file=sys.stderr)
+    return 130
+
+
+def _print_sweep(result, spec, arm, out, computed: int, reused: int) -> None:
+    """What the sweep was (model, task settings, prompts per cell), its table, and what ran: the
+    model time, or that every row was already there."""
+    print(sweep.sweep_title(spec, spec.model_id, arm))
+    print(summary_table(result.summary))
+    cells = f"wrote {Path(out) / 'summary.csv'} ({len(result.summary)} cells)"
+    if computed == 0:
+        print(f"{cells}; reused the {reused} rows already in {out}: nothing to compute")
+        return
+    timing = result.timing
+    ranks = f" (rank 0 of {dist.world_size()})" if dist.world_size() > 1 else ""
+    print(f"{cells}; {computed} rows computed, model time {timing['model_s']:.1f} s{ranks}, "
+          f"{timing['prefill_tokens_per_s']:,.0f} prompt tokens/s, "
+          f"{'fast path (' + result.fast_path + ')' if result.fast_path else 'plain path'}")
 
 
 def _sweep_spec(args) -> tuple[SweepSpec, object]:
@@ -315,30 +377,57 @@ def _sweep_task(args):
             return ForeignKeyTask(args.task, tokenizer_spec(args), **task_kw)
         return make_task(args.task, tokenizer_spec(args), format=args.format, chat_template=args.chat_template,
                          **task_kw)
-    except (TokenizerError, OSError, ValueError) as exc:
+    except OSError as exc:  # the haystack file is the one file read here
+        where = "" if args.haystack_file is None else f"--haystack-file {args.haystack_file!r}: "
+        raise SweepError(f"{where}{exc.strerror or exc}") from None
+    except (TokenizerError, ValueError) as exc:
         raise SweepError(str(exc)) from None
 
 
-def summary_table(summary) -> str:
-    """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent),
-    McNemar vs the reference s."""
-    lines = ["| length | s | n | accuracy | 95% CI | RULER score % | b | c | McNemar p |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def summary_table(summary, *, by_task: bool = False) -> str:
+    """The summary rows as a markdown table: accuracy, Wilson 95% interval, RULER's score (percent;
+    only when a row is in RULER's format), McNemar vs the reference s (its own row says ``ref``),
+    and a legend of ``b`` / ``c``. ``by_task``: a first column naming each row's task and the mean
+    score as ``score %`` (an lm-eval folder, whose tasks have their own scores; a task without
+    lengths shows ``-``)."""
+    score = "score %" if by_task else "RULER score %" if any(r.get("format") == "ruler" for r in summary) else None
+    cols = ["task"] * by_task + ["length", "s", "n", "accuracy", "95% CI"] + [score] * bool(score) + ["b", "c", "McNemar p"]
+    lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
     for r in summary:
-        p = "-" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
-        lines.append(f"| {r['length']} | {r['s']:g} | {r['n']} | {r['accuracy']:.3f} | "
-                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['score_pct']:.2f} | {r['b']} | {r['c']} | {p} |")
+        cells = ([r["task"]] if by_task else []) + ["-" if r["length"] is None else r["length"], f"{r['s']:g}", r["n"],
+                 f"{r['accuracy']:.3f}", f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"]
+        cells += [f"{r['score_pct']:.2f}"] * bool(score) + _paired_cells(r)
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    ref = next((r["ref_s"] for r in summary if r.get("ref_s") is not None), None)
+    if ref is not None:
+        lines.append(f"b: prompts right at s and wrong at the reference s = {ref:g}; c: wrong at s and right "
+                     "at the reference (the same prompts); McNemar p: exact two-sided test of b against c")
     return "\n".join(lines)
+
+
+def _paired_cells(row) -> list[str]:
+    """The ``b``, ``c`` and McNemar cells of a summary row: ``ref`` on the reference strength's
+    own row, ``-`` where no paired test ran."""
+    if row.get("ref_s") is not None and row["s"] == row["ref_s"]:
+        return ["ref", "ref", "ref"]
+    if row["mcnemar_p"] is None:
+        return ["-", "-", "-"]
+    return [str(row["b"]), str(row["c"]), f"{row['mcnemar_p']:.3g}"]
 
 
 def run_report_cmd(args) -> int:
     try:
         labels = None if args.labels is None else [x.strip() for x in args.labels.split(",")]
         base = int(args.baseline) if str(args.baseline).isdigit() else args.baseline
+        if args.out is not None:
+            _check_out(args.out)
         md = build_report(args.sweeps, labels=labels, s=args.s, baseline=base, out=args.out,
                           title=args.title, warn=lambda m: print(f"qedprobe report: warning: {m}", file=sys.stderr))
-    except (SweepError, OSError, json.JSONDecodeError, IndexError) as exc:
+    except (SweepError, json.JSONDecodeError, IndexError) as exc:
         return _fail("report", exc)
+    except OSError as exc:  # reading a sweep folder or writing into --out
+        writing = args.out is not None and str(exc.filename or "").startswith(str(args.out))
+        return _fail("report", f"{'--out ' if writing else ''}{exc.filename!r}: {exc.strerror or exc}")
     print(md)
     return 0
 
@@ -348,46 +437,27 @@ def run_eig_cmd(args) -> int:
         layers, heads = _idx_list(args.layers, "--layers"), _idx_list(args.heads, "--heads")
         if args.samples < 1 or args.batch_size < 1 or args.length < 2:
             raise SweepError("--samples, --batch-size must be >= 1 and --length >= 2")
+        check_eval_seed(args.seed)
         dev, dtype = _rank_device_dtype(args)
         shard = (dist.rank(), dist.world_size())
-        try:
-            _check_chat_template(args)
-            tok = load_tokenizer(tokenizer_spec(args))
-            if args.text is not None:
-                if not Path(args.text).is_file():
-                    raise SweepError(f"--text {args.text!r} is not a file")
-                batches = text_batches(args.text, tok, length=args.length, samples=args.samples,
-                                       batch_size=args.batch_size, shard=shard)
-            else:
-                nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
-                if args.length < nt.min_length():
-                    raise SweepError(f"--length {args.length} is too short for {nt.name} "
-                                     f"(need >= {nt.min_length()})")
-                batches = task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
-                                       batch_size=args.batch_size, shard=shard)
-        except (TokenizerError, ValueError, OSError) as exc:
-            raise SweepError(str(exc)) from None
+        tok, batches, label = _eig_inputs(args, shard)
         cfg = _model_config(args.model, args)
         check_strengths_for([args.strength], arm=cfg.arm, allow_extrapolation=args.allow_extrapolation)
         check_tokenizer_fits(tok, cfg.vocab_size)
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise SweepError(f"--out {args.out!r} exists and is not a folder")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SweepError(f"--out {args.out!r}: {exc}") from None
+        _check_out(args.out)  # created only once there is something to write
         model = _load_model(args.model, dev, dtype, args)
         total = len(range(0, args.samples, args.batch_size)[shard[0]::shard[1]])
         acc = run_eig(model, batches, s=args.strength, layers=layers, heads=heads,
                       allow_extrapolation=args.allow_extrapolation, progress=not args.no_progress,
                       total=total)
-        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "format": args.format,
+        acc.meta.update({"model": str(Path(args.model).resolve()), "task": args.task, "task_label": label,
+                         "format": args.format,
                          "chat_template": args.chat_template, "text": args.text, "length": args.length,
-                         "samples": args.samples})
+                         "samples": args.samples, "qed_lambda": args.qed_lambda,
+                         "qed_arm": None if args.qed_lambda is None else args.qed_arm})
         if not dist.is_main():
             return 0
-        paths = acc.save(out)
+        paths = acc.save(Path(args.out))
     except SweepError as exc:
         return _fail("eig", exc)
     except ValueError as exc:  # e.g. strength out of range
@@ -395,6 +465,26 @@ def run_eig_cmd(args) -> int:
     print(eig_table(acc.summary()))
     print(f"eig: {acc.tokens} tokens per head; wrote " + ", ".join(p.name for p in paths))
     return 0
+
+
+def _eig_inputs(args, shard):
+    """``(tokenizer, batches, label)`` of ``eig``'s inputs: ``--text`` or the task's prompts
+    (``label``: the task with its settings, :func:`qedprobe.eval.plots.task_label`; None for text)."""
+    try:
+        _check_chat_template(args)
+        tok = load_tokenizer(tokenizer_spec(args))
+        if args.text is not None:
+            if not Path(args.text).is_file():
+                raise SweepError(f"--text {args.text!r} is not a file")
+            return tok, text_batches(args.text, tok, length=args.length, samples=args.samples,
+                                     batch_size=args.batch_size, shard=shard), None
+        nt = make_task(args.task or "s-niah-1", tok, format=args.format, chat_template=args.chat_template)
+        if args.length < nt.min_length():
+            raise SweepError(f"--length {args.length} is too short for {nt.name} (need >= {nt.min_length()})")
+        return tok, task_batches(nt, length=args.length, samples=args.samples, seed=args.seed,
+                                 batch_size=args.batch_size, shard=shard), task_label(nt)
+    except (TokenizerError, ValueError, OSError) as exc:
+        raise SweepError(str(exc)) from None
 
 
 def eig_table(summary: dict) -> str:

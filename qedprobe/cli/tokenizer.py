@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from qedprobe.cliutil import HelpFormatter, check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, HelpFormatter, check_out_folder, fail, plain_text
 from qedprobe.tokenizer import load_tokenizer
 from qedprobe.train import bpe
 from qedprobe.train.bpe import MIN_VOCAB, train_tokenizer
@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train-tokenizer", help="train a small byte-level BPE on a training mixture's text",
-                              description=bpe.__doc__, formatter_class=HelpFormatter)
+    p = subparsers.add_parser("train-tokenizer", help=COMMAND_HELP["train-tokenizer"],
+                              description=plain_text(bpe.__doc__), formatter_class=HelpFormatter)
     p.add_argument("--out", required=True, help="folder for tokenizer.json and tokenizer_config.json")
     p.add_argument("--mixture", choices=sorted(MIXTURES), default="interference", help="mixture whose text it learns")
     p.add_argument("--vocab-size", type=int, default=2048, help=f"ids in all, >= {MIN_VOCAB}")

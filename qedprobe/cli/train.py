@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from qedprobe import dist
-from qedprobe.cliutil import check_out_folder, fail
+from qedprobe.cliutil import COMMAND_HELP, PROGRESS_HELP, check_out_folder, fail, plain_text
 from qedprobe.ops import ARMS, MODES
 
 from qedprobe.train.config import DEVICES, LOSSES, PRESETS, TrainConfig
@@ -99,12 +99,21 @@ def _progress(cfg: TrainConfig, every: int, enabled: bool):
     return show, close
 
 
+def _check_preset_device(args, cfg) -> None:
+    """A preset made for CUDA (``small``) on a machine without one, with no ``--device`` given:
+    say that the preset chose the device, and what to pass instead."""
+    if args.device is None and cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--preset {args.preset} trains on CUDA and no CUDA device is available: pass "
+                         "--preset micro (made for the CPU) or --device cpu")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     show = close = None
     try:
         cfg = config_from_args(args)
+        _check_preset_device(args, cfg)
         dist.init_from_env(resolve_device(cfg.device))
         check_out_folder(args.out, "--out")
         if args.export is not None:
@@ -129,20 +138,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train or resume a small QED checkpoint (NIAH mixtures)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser("train", help=COMMAND_HELP["train"], description=plain_text(__doc__),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run folder (checkpoints, loss.jsonl, train.log)")
     p.add_argument("--export", default=None, help="where the final bf16 model + MODEL_CARD.md go (default OUT/final)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="small",
-                   help="micro: CPU, < 2 min; small: the GPU checkpoints (default)")
-    p.add_argument("--arm", choices=ARMS)
+                   help="micro: CPU, < 2 min; small: the GPU checkpoints (default: small)")
+    p.add_argument("--arm", choices=ARMS, help="erase direction (README: the six arms)")
     p.add_argument("--seed", type=int, help="initialisation and data seed")
     p.add_argument("--init", help="start from this model folder's weights (same model config) instead of the seed's")
     g = p.add_argument_group("model (override the preset)")
-    g.add_argument("--hidden", type=int)
-    g.add_argument("--layers", type=int)
-    g.add_argument("--heads", type=int)
-    g.add_argument("--head-dim", type=int)
+    g.add_argument("--hidden", type=int, help="model width")
+    g.add_argument("--layers", type=int, help="QED blocks")
+    g.add_argument("--heads", type=int, help="recurrence heads per block")
+    g.add_argument("--head-dim", type=int, help="key and value size per head")
     g.add_argument("--conv-size", type=int,
                    help="width of the causal short convolutions on q, k, v (default 4: tokens t-3..t)")
     g.add_argument("--lambda-max", type=float, help="lambda = lambda_max * sigmoid(theta) (default 0.25)")
@@ -152,16 +161,16 @@ def register(subparsers) -> None:
     g.add_argument("--decay-dt", type=_pair, metavar="LOW,HIGH",
                    help="initial dt range, log-uniform (default fla's 0.001,0.1)")
     g = p.add_argument_group("data and optimisation (override the preset)")
-    g.add_argument("--mixture", choices=sorted(MIXTURES))
+    g.add_argument("--mixture", choices=sorted(MIXTURES), help="training documents (docs/TRAINING.md)")
     g.add_argument("--loss", choices=LOSSES, help="all: every non-PAD token (default); answer: answer values only")
     g.add_argument("--key-weight", type=float,
                    help="loss weight of the key-dependent answer tokens (default 1: like every other)")
     g.add_argument("--tokenizer", help="'bytes' (default) or a tokenizer folder (qedprobe train-tokenizer); "
                                        "copied into the exported model folder")
-    g.add_argument("--seq-len", type=int)
+    g.add_argument("--seq-len", type=int, help="tokens per training row")
     g.add_argument("--batch-size", type=int, help="rows per micro-batch")
     g.add_argument("--accum", type=int, help="micro-batches per step")
-    g.add_argument("--steps", type=int)
+    g.add_argument("--steps", type=int, help="optimiser steps")
     g.add_argument("--lr", type=float, help="peak learning rate (theta gets --theta-lr-mult times it)")
     g.add_argument("--theta-lr-mult", type=float,
                    help="theta's learning rate as a multiple of --lr (default 10, the paper's; "
@@ -171,17 +180,36 @@ def register(subparsers) -> None:
                         "0 gives lambda_max / 2 (default -2, or the --init model's theta)")
     g.add_argument("--warmup", type=int, help="warmup steps")
     g.add_argument("--decay", type=int, help="decay steps at the end")
-    g.add_argument("--min-lr-ratio", type=float)
-    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--min-lr-ratio", type=float, help="learning rate at the end of the decay, over --lr")
+    g.add_argument("--weight-decay", type=float, help="AdamW weight decay")
     g.add_argument("--clip", type=float, help="gradient-norm clip")
     g.add_argument("--save-every", type=int, help="checkpoint every N steps")
     g = p.add_argument_group("running")
-    g.add_argument("--device", choices=DEVICES)
+    g.add_argument("--device", choices=DEVICES, help="auto: CUDA when there is one, else the CPU")
     g.add_argument("--no-op-fallback", action="store_true",
                    help="stop (instead of using the slow PyTorch reference) when the op has no backward")
     g.add_argument("--threads", type=int, help="torch CPU threads")
     g.add_argument("--until-step", type=int, help="stop after this step (checkpointed; rerun to resume)")
     g.add_argument("--max-seconds", type=float, help="stop after this long (checkpointed; rerun to resume)")
     g.add_argument("--print-every", type=int, default=10, help="print a line of statistics every N steps (0: never)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
+    _show_preset_defaults(p)
     p.set_defaults(func=run)
+
+
+def _show_preset_defaults(parser) -> None:
+    """Each preset flag (default None: the preset decides) with its value in every preset added
+    to its help, ``(default: micro 200, small 1500)``; a flag whose help states its default keeps it."""
+    configs = {name: TrainConfig.from_preset(name) for name in sorted(PRESETS)}
+    fields = {**FIELDS, **MODEL_FIELDS}
+    for action in parser._actions:
+        field = fields.get(action.dest)
+        if field is None or action.default is not None or "default" in (action.help or ""):
+            continue
+        values = {name: getattr(cfg, field) if hasattr(cfg, field) else cfg.model.get(field)
+                  for name, cfg in configs.items()}
+        if None in values.values():
+            continue
+        shown = [f"{v:g}" if isinstance(v, float) else str(v) for v in values.values()]
+        text = shown[0] if len(set(shown)) == 1 else ", ".join(f"{n} {v}" for n, v in zip(values, shown))
+        action.help = f"{action.help} (default: {text})"

@@ -85,6 +85,16 @@ def sigma_max_rank_one(k: torch.Tensor, a: torch.Tensor, *, minus_one: bool = Fa
     return sm1 if minus_one else 1 + sm1
 
 
+def _note_outside(ax, lines: list[str]) -> None:
+    """``lines`` (:meth:`EigAccumulator.outside_range`) at the top left of a log-count panel,
+    above the histogram: the count axis is raised by a fifth of its decades per line."""
+    if not lines:
+        return
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * (high / low) ** (0.2 * len(lines)))
+    ax.text(0.02, 0.97, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=6)
+
+
 class EigAccumulator:
     """Fixed-size per-layer, per-head accumulators fed by model hooks (see module docstring).
 
@@ -154,7 +164,8 @@ class EigAccumulator:
         n = int(np.prod(lead))
         k = k.reshape(n, H, K)
         k = l2_normalize(k)
-        b = t["b"].double().reshape(n, H, K)
+        b = t["b"].double()  # a scalar gate [..., H] (a transformers model's beta) acts on every channel
+        b = (b if b.dim() == t["k"].dim() else b.unsqueeze(-1)).expand(t["k"].shape).reshape(n, H, K)
         d = t["d"].double().reshape(n, H, K)
         lam = t["lambda"].double()
         lam = lam.expand(*lead, H).reshape(n, H) if lam.dim() == 1 else lam.reshape(n, H)
@@ -274,11 +285,13 @@ class EigAccumulator:
         return paths
 
     def title(self) -> str:
-        """What the figures show: model, arm, input and strength, from :attr:`meta`."""
+        """What the figures show: model, arm, input (a task with its settings), inputs and their
+        length, strength, from :attr:`meta`."""
         m = self.meta
         model = Path(m["model"]).name if m.get("model") else "model"
-        source = Path(m["text"]).name if m.get("text") else m.get("task") or ""
-        length = f"L = {m['length']}" if m.get("length") else ""
+        source = Path(m["text"]).name if m.get("text") else m.get("task_label") or m.get("task") or ""
+        length = f"{m['samples']} inputs of {m['length']} tokens" if m.get("samples") and m.get("length") \
+            else f"L = {m['length']}" if m.get("length") else ""
         parts = [f"{model} (arm {m.get('arm', '?')})", source, length, f"s = {m.get('s', 1.0):g}"]
         return ", ".join(p for p in parts if p)
 
@@ -294,6 +307,22 @@ class EigAccumulator:
         if name == "e":
             a, b = min(a, -0.05), max(b, 1.05)
         return max(a, lo), min(b, hi)
+
+    def outside_range(self, name: str, hist: torch.Tensor) -> list[str]:
+        """Per head of one layer (``hist`` ``[H, bins + 2]``), the tokens in the under- and overflow
+        bins of ``name``'s histogram, which a figure of the bins leaves out: ``"h1: 1,201 of 3,988
+        below 1e-8 (or 0)"``; empty when every token is inside the range."""
+        lo, hi, _ = BINS[name]
+        log = name.startswith("log10_")
+        below = f"below 1e{lo:g} (or 0)" if log else f"below {lo:g}"
+        above = f"above 1e{hi:g}" if log else f"above {hi:g}"
+        lines = []
+        for h in range(self.H):
+            total = int(hist[h].sum())
+            for count, where in ((int(hist[h, 0]), below), (int(hist[h, -1]), above)):
+                if count:
+                    lines.append(f"h{h}: {count:,} of {total:,} {where}, not drawn")
+        return lines
 
     def plot(self, out) -> list[Path]:
         """One figure of per-head histograms per quantity (empty bins are gaps, not a floor),
@@ -327,6 +356,7 @@ class EigAccumulator:
                 if name == "e":
                     for v in (0.0, 1.0):
                         ax.axvline(v, color="k", lw=0.5, ls="--")
+                _note_outside(ax, self.outside_range(name, all_hist[name][l]))
             for j in range(L, rows * cols):
                 axes[j // cols][j % cols].axis("off")
             fig.suptitle(self.title(), fontsize=9)

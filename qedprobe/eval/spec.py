@@ -26,7 +26,8 @@ from qedprobe.tasks import ANSWER_MARGIN, DEFAULT_FORMAT, make_task
 from .store import SweepError, strength_key
 
 __all__ = ["SweepSpec", "DECODE_RULES", "PHASES", "sweep_config", "model_fingerprint", "check_model",
-           "check_strengths_for", "check_tokenizer_fits", "validate_grid", "parse_int_list", "parse_float_list"]
+           "check_eval_seed", "check_strengths_for", "check_tokenizer_fits", "validate_grid", "parse_int_list",
+           "parse_float_list"]
 
 DECODE_RULES = ("budget", "answer")
 """How many tokens a sweep decodes per prompt: the task's budget, or what the answers need."""
@@ -100,6 +101,7 @@ class SweepSpec:
             set_("task", make_task(self.task, self.tokenizer, format=self.task_format,
                                    haystack_file=self.haystack_file, num_needles=self.num_needles,
                                    max_new_tokens=self.max_new_tokens, haystack=self.haystack))
+        check_eval_seed(self.seed)
         validate_grid(self.task, list(self.lengths), list(self.strengths), self.samples, self.phase,
                       self.allow_extrapolation)
         _check_run_options(self)
@@ -197,6 +199,15 @@ def check_strengths_for(strengths, *, arm, allow_extrapolation=True):
         check_strengths(strengths, arm=arm, allow_extrapolation=allow_extrapolation)
     except ValueError as exc:
         raise SweepError(str(exc)) from None
+
+
+def check_eval_seed(seed) -> None:
+    """An evaluation seed is an int >= 0: the negative ones are the training stream (training
+    seed ``s`` draws its documents with seed ``-(1 + s)``, ``qedprobe.train.data.niah_seed``), so
+    a negative one would evaluate on training prompts."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SweepError(f"`seed` must be an int >= 0, got {seed!r}: negative seeds draw the training "
+                         "prompts (training seed s reads seed -(1 + s))")
 
 
 def validate_grid(nt, lengths, strengths, samples, phase, allow_extrapolation) -> None:

@@ -16,8 +16,8 @@ Files in ``out``:
   moved checkpoint resumes, with a warning, and the new path is recorded). It is written with
   the first row, so a run that fails before any work leaves no config behind.
 * ``results.jsonl``: one row per :func:`row_key`, appended and fsync'ed batch by batch. A rerun
-  skips the rows already there; a torn last line (a kill during a write) is cut off and its row
-  recomputed, so no row is lost or duplicated. Any other broken line is refused with its
+  skips the rows already there; a torn last line (a kill during a write) is cut off, with a
+  warning, and its row recomputed, so no row is lost or duplicated. Any other broken line is refused with its
   ``file:line`` (never cut off with the good rows after it).
 * ``results.rank{r}.jsonl``: the same for rank ``r > 0`` of a run under torchrun (rank 0 writes
   ``results.jsonl``). Readers take the union of all shards, so a folder resumes with any number
@@ -86,6 +86,9 @@ def read_shard(path: Path, repair: bool) -> list[dict]:
                                  "repair or delete that line (the other rows are kept)") from None
             rows.append(row)
     if repair and pos < len(data):
+        warnings.warn(f"{path}: its last line was incomplete (a run was stopped while writing it): "
+                      f"cut off, and that row is computed again; the {len(rows)} complete rows are kept",
+                      stacklevel=3)
         with open(path, "r+b") as fh:
             fh.truncate(pos)
     return rows

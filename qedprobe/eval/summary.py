@@ -1,7 +1,8 @@
 """Rows -> per-cell statistics: accuracy with its Wilson 95% interval, RULER's score and the
 paired exact McNemar test of every strength against a reference one.
 
-A cell is ``(task, length, s)``; its rows are those of :mod:`qedprobe.eval.store` (any runner's).
+A cell is ``(task, length, s)`` (``length`` None for a task without lengths); its rows are those
+of :mod:`qedprobe.eval.store` (any runner's).
 ``summary.csv`` / ``summary.json`` (:func:`write_summary`; rewritten at the end of every completed
 run, from all shards, by rank 0: :func:`summarize_folder`) hold per cell: accuracy (every answer
 found) and Wilson 95% interval, RULER's score ``score_pct`` (``string_match_all``: the mean share
@@ -22,7 +23,7 @@ from qedprobe import dist
 from .stats import mcnemar_exact, wilson_interval
 from .store import load_results, shard_paths, strength_key
 
-__all__ = ["SUMMARY_FIELDS", "summarize", "summarize_folder", "write_summary"]
+__all__ = ["SUMMARY_FIELDS", "summarize", "summarize_folder", "write_summary", "length_key", "cell_order"]
 
 SUMMARY_FIELDS = ["task", "format", "length", "s", "n", "correct", "accuracy", "ci_low", "ci_high",
                   "score_pct", "ref_s", "n_paired", "b", "c", "mcnemar_p"]
@@ -39,12 +40,24 @@ def summarize(rows, ref_s=1.0) -> list[dict]:
     share = defaultdict(dict)  # (task, length, s) -> {sample_id: share of the answers found}
     fmt = {}
     for r in rows:
-        cell = (r.get("task", ""), int(r["length"]), strength_key(r["s"]))
+        cell = (r.get("task", ""), length_key(r["length"]), strength_key(r["s"]))
         by[cell][int(r["sample_id"])] = bool(r["correct"])
         share[cell][int(r["sample_id"])] = float(r.get("score", r["correct"]))
         fmt[cell[:2]] = r.get("format", "legacy")
     ref = None if ref_s is None else strength_key(ref_s)
-    return [_cell_row(cell, by, share[cell], fmt[cell[:2]], ref) for cell in sorted(by)]
+    return [_cell_row(cell, by, share[cell], fmt[cell[:2]], ref) for cell in sorted(by, key=cell_order)]
+
+
+def length_key(length) -> int | None:
+    """A row's ``length`` as cells key it: an int, or None for a task without lengths (an lm-eval
+    task such as fda: ``qedprobe.lmeval.run``)."""
+    return None if length is None else int(length)
+
+
+def cell_order(cell) -> tuple:
+    """Sort key of ``(task, length, ...)`` cells: by task, then length (a task's None first)."""
+    task, length, *rest = cell
+    return (task, length is not None, length or 0, *rest)
 
 
 def _cell_row(cell, by, share, fmt, ref) -> dict:

@@ -12,7 +12,7 @@ The CLI ``qedprobe sweep`` calls the same function. The pipeline, one module a s
 appended as they come) -> :mod:`qedprobe.eval.store` (the folder: ``config.json``, resumable
 ``results.jsonl`` shards) -> :mod:`qedprobe.eval.summary` (``summary.csv`` / ``summary.json``:
 accuracy, Wilson interval, RULER's score, paired exact McNemar) -> :mod:`qedprobe.eval.plots`
-(``acc_vs_length.png``, ``acc_vs_strength.png``) and :mod:`qedprobe.eval.report` (several
+(``acc_vs_strength.png``; ``acc_vs_length.png`` with two lengths or more) and :mod:`qedprobe.eval.report` (several
 folders side by side).
 
 A folder never mixes rows decoded to different budgets (``config.json`` key ``decode``, only with
@@ -33,8 +33,9 @@ from torch._dynamo.exc import TorchDynamoException
 from tqdm.auto import tqdm
 
 from qedprobe import dist
-from qedprobe.model import QEDModel, fast_path, strength
+from qedprobe.model import LambdaScale, QEDModel, fast_path
 from qedprobe.model.checkpoint import state_dict_sha256
+from qedprobe.model.fast import has_fast_path
 from qedprobe.model.packing import pack_prompts
 from qedprobe.tasks import answer_fraction
 
@@ -45,7 +46,7 @@ from .store import ResultsStore, SweepError, open_store, strength_key
 from .summary import summarize_folder
 
 __all__ = ["run_sweep", "SweepResult", "run_batches", "run_batch", "rows_from_outputs", "generate_at",
-           "sweep_fast_path", "compile_failure", "Timings"]
+           "sweep_fast_path", "sweep_title", "compile_failure", "Timings"]
 
 
 @dataclass
@@ -110,12 +111,17 @@ def run_sweep(model, spec: SweepSpec, out) -> SweepResult:
     with timings.time("summary_s"):
         summary = summarize_folder(store.dir, spec.ref_strength)
         if dist.is_main() and summary:
-            plot_summary(summary, store.dir, title=plot_title(model_id, model.cfg.arm, spec.task.name, spec.seed,
-                                                              spec.layers, spec.heads, spec.phase))
+            plot_summary(summary, store.dir, title=sweep_title(spec, model_id, model.cfg.arm))
     grid = {strength_key(x) for x in spec.strengths}
     done = sum(r["n"] for r in summary if r["length"] in spec.lengths and r["s"] in grid)
     return SweepResult(summary, _finish_timings(timings, t_start), fast_path=backend,
                        missing=len(spec.lengths) * len(spec.strengths) * spec.samples - done)
+
+
+def sweep_title(spec: SweepSpec, model_id, arm) -> str:
+    """What a sweep's figures and tables restate: model, arm, task with its settings, prompts
+    per cell, seed, and where the strength acts (:func:`qedprobe.eval.plots.plot_title`)."""
+    return plot_title(model_id, arm, spec.task, spec.seed, spec.layers, spec.heads, spec.phase, spec.samples)
 
 
 def _folder_config(model, model_id, spec: SweepSpec) -> dict:
@@ -213,10 +219,10 @@ def sweep_fast_path(model, fast_path) -> str | None:
     otherwise; False the plain path; True ``"inductor"``; a string that backend."""
     if fast_path is None:
         on_cuda = torch.device(getattr(model, "device", "cpu")).type == "cuda"
-        fast_path = on_cuda and hasattr(model, "fast_path")
+        fast_path = on_cuda and has_fast_path(model)
     if fast_path is False:
         return None
-    if not hasattr(model, "fast_path"):
+    if not has_fast_path(model):
         raise SweepError(f"fast_path={fast_path!r}: {type(model).__name__} has no fast path (a QEDModel "
                          "has); pass fast_path=False (--eager)")
     if fast_path is True:
@@ -259,10 +265,11 @@ class Timings(dict):
 def generate_at(model, prompts, n_new: int, s: float, spec: SweepSpec, eos_id):
     """Greedy continuations ``[B][n_new]`` of packed ``prompts`` with lambda scaled by ``s`` where
     ``spec`` says (``layers``, ``heads``, ``phase``)."""
-    with torch.inference_mode(), strength(model, s, layers=spec.layers, heads=spec.heads, phase=spec.phase,
-                                          allow_extrapolation=spec.allow_extrapolation):
+    scale = LambdaScale.select(model, s, layers=spec.layers, heads=spec.heads, phase=spec.phase,
+                               allow_extrapolation=spec.allow_extrapolation)
+    with torch.inference_mode():
         return model.generate(prompts, n_new, eos_token_id=eos_id, do_sample=False, return_type="new_tokens",
-                              cuda_graph=spec.cuda_graph)
+                              cuda_graph=spec.cuda_graph, lambda_scale=scale)
 
 
 def rows_from_outputs(nt, length: int, s: float, samples: dict, outputs, seed: int) -> list[dict]:

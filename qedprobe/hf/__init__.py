@@ -1,5 +1,7 @@
-r"""Pretrained Gated DeltaNet models from Hugging Face transformers, probed and intervened on
-inside their recurrence: Qwen3.5 (dense and MoE), Qwen3-Next, OLMo-Hybrid.
+r"""Pretrained linear-attention models from Hugging Face transformers, probed and intervened on
+inside their recurrence: every delta-rule family of transformers 5.25 (Gated DeltaNet: Qwen3.5
+dense and MoE, Qwen3-Next, OLMo-Hybrid, Qwen4-Exp, Lara-Mini; Kimi Delta Attention: Kimi-Linear,
+Bailing-Hybrid, GLM-5-Next).
 
     from qedprobe.hf import adapt, inject_qed
     model = adapt("path/to/Qwen3.5-0.8B")            # or adapt(a transformers model object)

@@ -1,12 +1,24 @@
 r"""The transformers families whose linear-attention layers qedprobe can run, and their sizes.
 
-Each supported ``model_type`` names the transformers modeling module and its Gated DeltaNet
-class (transformers 5.x)::
+Each supported ``model_type`` names the transformers modeling module, its linear-attention layer
+class and its delta rule (transformers 5.25); a multimodal type stands for its text model (what
+``AutoModelForCausalLM`` / ``AutoModelForImageTextToText`` build from such a folder)::
 
-    qwen3_5, qwen3_5_text            modeling_qwen3_5       Qwen3_5GatedDeltaNet
-    qwen3_5_moe, qwen3_5_moe_text    modeling_qwen3_5_moe   Qwen3_5MoeGatedDeltaNet
-    qwen3_next                       modeling_qwen3_next    Qwen3NextGatedDeltaNet
-    olmo_hybrid                      modeling_olmo_hybrid   OlmoHybridGatedDeltaNet
+    model_type                        modeling module        layer class                      rule
+    qwen3_5, qwen3_5_text             modeling_qwen3_5       Qwen3_5GatedDeltaNet             gdn
+    qwen3_5_moe, qwen3_5_moe_text     modeling_qwen3_5_moe   Qwen3_5MoeGatedDeltaNet          gdn
+    qwen3_next                        modeling_qwen3_next    Qwen3NextGatedDeltaNet           gdn
+    olmo_hybrid                       modeling_olmo_hybrid   OlmoHybridGatedDeltaNet          gdn
+    qwen4_exp, qwen4_exp_text         modeling_qwen4_exp     Qwen4ExpTextGatedDeltaNet        gdn
+    lara_mini                         modeling_lara_mini     LaraMiniGatedDeltaNet            gdn
+    kimi_linear                       modeling_kimi_linear   KimiLinearDeltaAttention         kda
+    bailing_hybrid                    modeling_bailing_hybrid BailingHybridDeltaAttention     kda
+    glm5_next, glm5_next_text         modeling_glm5_next     Glm5NextTextLinearAttention      kda
+
+A rule names the two functions of the modeling module the layer calls for its recurrence
+(:data:`RULES`: the chunked one for a prompt, the recurrent one for a cached decode step): Gated
+DeltaNet (``gdn``: scalar log-decay ``g`` ``[B, T, Hv]``) or Kimi Delta Attention (``kda``:
+per-channel log-decay ``g`` ``[B, T, Hv, K]``); both with one scalar ``beta`` ``[B, T, Hv]``.
 
 :class:`HFQEDConfig` is what qedprobe knows of such a model: the sizes of its recurrence (read
 from the transformers config, so a folder's ``config.json`` is enough, no weights) and the QED
@@ -16,23 +28,44 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.metadata
-import importlib.util
-import os
 from dataclasses import dataclass
 
 from qedprobe.model.aliases import TLAliases
 from qedprobe.ops import ARMS, MODES
 
-FAMILIES = {
-    "qwen3_5": ("qwen3_5", "Qwen3_5GatedDeltaNet"),
-    "qwen3_5_text": ("qwen3_5", "Qwen3_5GatedDeltaNet"),
-    "qwen3_5_moe": ("qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
-    "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
-    "qwen3_next": ("qwen3_next", "Qwen3NextGatedDeltaNet"),
-    "olmo_hybrid": ("olmo_hybrid", "OlmoHybridGatedDeltaNet"),
+RULES = {
+    "gdn": {"torch_chunk_gated_delta_rule": "prefill", "torch_recurrent_gated_delta_rule": "decode"},
+    "kda": {"chunk_kimi_delta_attention": "prefill", "recurrent_kimi_delta_attention": "decode"},
 }
-"""``model_type`` -> (transformers model folder, Gated DeltaNet class name)."""
+"""Delta rule -> {name of a recurrence function in the modeling module: the phase its calls are}."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A supported ``model_type``: ``folder`` (``transformers.models.<folder>``), the
+    linear-attention ``layer_class`` there, and its delta ``rule`` (a key of :data:`RULES`)."""
+
+    folder: str
+    layer_class: str
+    rule: str
+
+
+FAMILIES = {
+    "qwen3_5": Family("qwen3_5", "Qwen3_5GatedDeltaNet", "gdn"),
+    "qwen3_5_text": Family("qwen3_5", "Qwen3_5GatedDeltaNet", "gdn"),
+    "qwen3_5_moe": Family("qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet", "gdn"),
+    "qwen3_5_moe_text": Family("qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet", "gdn"),
+    "qwen3_next": Family("qwen3_next", "Qwen3NextGatedDeltaNet", "gdn"),
+    "olmo_hybrid": Family("olmo_hybrid", "OlmoHybridGatedDeltaNet", "gdn"),
+    "qwen4_exp": Family("qwen4_exp", "Qwen4ExpTextGatedDeltaNet", "gdn"),
+    "qwen4_exp_text": Family("qwen4_exp", "Qwen4ExpTextGatedDeltaNet", "gdn"),
+    "lara_mini": Family("lara_mini", "LaraMiniGatedDeltaNet", "gdn"),
+    "kimi_linear": Family("kimi_linear", "KimiLinearDeltaAttention", "kda"),
+    "bailing_hybrid": Family("bailing_hybrid", "BailingHybridDeltaAttention", "kda"),
+    "glm5_next": Family("glm5_next", "Glm5NextTextLinearAttention", "kda"),
+    "glm5_next_text": Family("glm5_next", "Glm5NextTextLinearAttention", "kda"),
+}
+"""``model_type`` -> its :class:`Family`."""
 
 SUPPORTED = tuple(FAMILIES)
 
@@ -43,48 +76,34 @@ class UnsupportedModelError(ValueError):
 
 def modeling_module_name(model_type: str) -> str:
     """``transformers.models.<folder>.modeling_<folder>`` of a supported ``model_type``."""
-    folder = family(model_type)[0]
+    folder = family(model_type).folder
     return f"transformers.models.{folder}.modeling_{folder}"
 
 
-def family(model_type: str) -> tuple[str, str]:
-    """``(folder, class name)`` of ``model_type``; refuses an unsupported one, naming the supported."""
+def family(model_type: str) -> Family:
+    """The :class:`Family` of ``model_type``; refuses an unsupported one, naming the supported."""
     if model_type not in FAMILIES:
         raise UnsupportedModelError(
             f"qedprobe.hf: model type {model_type!r} is not supported; supported model types: "
-            f"{', '.join(SUPPORTED)} (Qwen3.5 dense and MoE, Qwen3-Next, OLMo-Hybrid)")
+            f"{', '.join(SUPPORTED)}")
     return FAMILIES[model_type]
 
 
-def refuse_shadowed_kernels() -> None:
-    """Refuse, naming the cause and the fix, a process whose bare ``import kernels`` would find
-    this repository's ``kernels/`` folder (qedprobe's Triton kernels, installed as
-    ``qedprobe.kernels``) instead of the ``kernels`` package that transformers loads its hub
-    kernels from once that package is installed (transformers 5.25 requires it): that happens
-    when the repository root is on ``sys.path``, e.g. Python started in the repository root."""
-    try:
-        importlib.metadata.version("kernels")
-    except importlib.metadata.PackageNotFoundError:
-        return  # transformers will not import it
-    spec = importlib.util.find_spec("kernels")
-    ours = os.path.dirname(importlib.util.find_spec("qedprobe.kernels").origin)
-    if spec is not None and spec.origin and os.path.dirname(os.path.abspath(spec.origin)) == ours:
-        raise ImportError(f"qedprobe.hf: `import kernels` finds qedprobe's own {ours!r} (the repository root is on "
-                          "sys.path, e.g. Python was started there), not the `kernels` package transformers "
-                          "loads; start Python in another directory")
+def routed_functions(model_type: str) -> dict[str, str]:
+    """``{function name: phase}`` of the recurrence functions ``model_type``'s layers call."""
+    return RULES[family(model_type).rule]
 
 
 def deltanet_class(model_type: str) -> type:
-    """The transformers Gated DeltaNet class of ``model_type`` (refused, naming the installed
-    transformers, when that version does not have it)."""
-    refuse_shadowed_kernels()
-    name = family(model_type)[1]
+    """The transformers linear-attention layer class of ``model_type`` (refused, naming the
+    installed transformers, when that version does not have it)."""
+    name = family(model_type).layer_class
     try:
         return getattr(importlib.import_module(modeling_module_name(model_type)), name)
     except (ImportError, AttributeError):
         import transformers
         raise UnsupportedModelError(f"qedprobe.hf: transformers {transformers.__version__} has no {name}; "
-                                    f"qedprobe.hf is tested with transformers 5.24") from None
+                                    f"qedprobe.hf is tested with transformers 5.25") from None
 
 
 @dataclass(frozen=True)
@@ -92,7 +111,7 @@ class HFQEDConfig(TLAliases):
     """Sizes of the recurrence of a transformers model, and the QED term injected into it.
 
     ``hidden_size`` is the residual width; ``num_hidden_layers`` counts every decoder layer;
-    ``linear_layers`` are those with a Gated DeltaNet (the others are softmax attention). Per
+    ``linear_layers`` are those with a linear-attention layer (the others are softmax attention). Per
     linear-attention layer: ``num_heads`` value heads (the heads of every probe),
     ``num_key_heads`` q/k heads (value head ``j`` reads q/k head
     ``j // (num_heads // num_key_heads)``), ``head_dim`` K, ``head_v_dim`` V.
@@ -144,15 +163,24 @@ class HFQEDConfig(TLAliases):
 
     @classmethod
     def from_transformers(cls, config, **qed) -> "HFQEDConfig":
-        """From a transformers config of a supported family; for Qwen3.5's multimodal
-        ``qwen3_5`` / ``qwen3_5_moe`` its text config (``qwen3_5_text`` / ``qwen3_5_moe_text``,
-        what ``AutoModelForCausalLM`` builds from such a folder). ``qed``: ``arm``, ``lam``,
-        ``rand_seed``, ``op_mode``."""
+        """From a transformers config of a supported family; for a multimodal type
+        (``qwen3_5``, ``qwen3_5_moe``, ``qwen4_exp``, ``glm5_next``) its text config.
+        ``qed``: ``arm``, ``lam``, ``rand_seed``, ``op_mode``."""
         family(getattr(config, "model_type", type(config).__name__))
         text = config.get_text_config()
         family(text.model_type)
         linear = tuple(i for i, t in enumerate(text.layer_types) if t == "linear_attention")
         return cls(model_type=text.model_type, vocab_size=int(text.vocab_size), hidden_size=int(text.hidden_size),
-                   num_hidden_layers=int(text.num_hidden_layers), linear_layers=linear,
-                   num_heads=int(text.linear_num_value_heads), num_key_heads=int(text.linear_num_key_heads),
-                   head_dim=int(text.linear_key_head_dim), head_v_dim=int(text.linear_value_head_dim), **qed)
+                   num_hidden_layers=int(text.num_hidden_layers), linear_layers=linear, **recurrence_sizes(text), **qed)
+
+
+def recurrence_sizes(text) -> dict:
+    """``num_heads``, ``num_key_heads``, ``head_dim``, ``head_v_dim`` of a supported text config:
+    GDN configs name value and key heads apart (``linear_num_value_heads``, ...); KDA configs
+    have one head count and one head size for q, k and v (``linear_num_heads``,
+    ``linear_head_dim``)."""
+    if family(text.model_type).rule == "kda":
+        heads, dim = int(text.linear_num_heads), int(text.linear_head_dim)
+        return dict(num_heads=heads, num_key_heads=heads, head_dim=dim, head_v_dim=dim)
+    return dict(num_heads=int(text.linear_num_value_heads), num_key_heads=int(text.linear_num_key_heads),
+                head_dim=int(text.linear_key_head_dim), head_v_dim=int(text.linear_value_head_dim))

@@ -25,15 +25,12 @@ def is_transformers_folder(path) -> bool:
         return False
 
 
-def folder_config(path, *, qed_lambda: float | None = None, qed_arm: str = "full",
-                  allow_extrapolation: bool = False) -> HFQEDConfig:
+def folder_config(path, *, qed_lambda: float | None = None, qed_arm: str = "full") -> HFQEDConfig:
     """The :class:`HFQEDConfig` of the folder's model with ``qed_lambda`` injected on every
-    linear-attention head with ``qed_arm`` (None: the model as trained, arm ``gdn2``);
-    ``allow_extrapolation`` as :func:`inject_qed`'s."""
+    linear-attention head with ``qed_arm`` (None: the model as trained, arm ``gdn2``)."""
     from transformers import AutoConfig
     cfg = HFQEDConfig.from_transformers(AutoConfig.from_pretrained(os.fspath(path), local_files_only=True))
-    return cfg if qed_lambda is None else injected_config(cfg, qed_lambda, qed_arm,
-                                                          allow_extrapolation=allow_extrapolation)
+    return cfg if qed_lambda is None else injected_config(cfg, qed_lambda, qed_arm)
 
 
 def load_folder(path, *, dtype, device, qed_lambda: float | None = None, qed_arm: str = "full",

@@ -1,19 +1,22 @@
 r"""The seam: transformers' recurrence functions, routed to qedprobe for adapted layers only.
 
-Every supported Gated DeltaNet layer's ``forward`` (transformers 5.x) projects, convolves
-(``causal_conv1d_fn`` / ``_update``, reading and writing the cache's conv state), computes
-``beta = sigmoid(b)`` and ``g = -exp(A_log) softplus(a + dt_bias)``, then calls one of two
-functions of its modeling module, by name::
+Every supported linear-attention layer's ``forward`` (transformers 5.25) projects, convolves
+(``causal_conv1d_forward``, reading and writing the cache's conv state), computes ``beta`` and
+its log-decay ``g``, then calls one of two functions of its modeling module, by name (the
+family's rule, ``families.RULES``)::
 
     torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=S, output_final_state=.,
-                                 use_qk_l2norm_in_kernel=True, cu_seqlens=.)   # prompt / no cache
-    torch_recurrent_gated_delta_rule(...)                                     # one cached token
+                                 use_qk_l2norm_in_kernel=True, ...)     # GDN: prompt / no cache
+    torch_recurrent_gated_delta_rule(...)                              # GDN: one cached token
+    chunk_kimi_delta_attention(...), recurrent_kimi_delta_attention(...)   # KDA: the same two
 
 and finally stores the returned state in its cache and applies its gated RMSNorm and output
 projection. Those two names are the only thing replaced: :func:`install` puts a
 :class:`RecurrenceRoute` in their place in the modeling module. The route calls what was there
-before (transformers' function: fla's kernel when fla is installed, else its PyTorch code)
-unless the calling layer is adapted, in which case it calls that layer's qedprobe recurrence.
+before (transformers' function: fla's kernel when fla is installed and runs on the inputs'
+device, else its PyTorch code) unless the calling layer is adapted and not
+:meth:`~qedprobe.hf.recurrence.LinearAttnRecurrence.runs_native` (a hook on one of its hook
+points, or lambda injected), in which case it calls that layer's qedprobe recurrence.
 A layer is "calling" while its ``forward`` runs: :func:`attach` sets it in a context variable
 with a forward pre-hook and clears it with a forward hook that also runs on exceptions. So
 models that were never adapted, in the same process, run exactly as before, and everything else
@@ -30,9 +33,6 @@ import contextlib
 import contextvars
 import importlib
 
-ROUTED = {"torch_chunk_gated_delta_rule": "prefill", "torch_recurrent_gated_delta_rule": "decode"}
-"""Name in the modeling module -> the phase its calls are."""
-
 _ACTIVE = contextvars.ContextVar("qedprobe_hf_active_layer", default=None)
 
 
@@ -45,23 +45,23 @@ class RecurrenceRoute:
 
     def __call__(self, query, key, value, *args, **kwargs):
         layer = _ACTIVE.get()
-        if layer is None:
+        if layer is None or layer.runs_native():
             return self.original(query, key, value, *args, **kwargs)
         return layer.recurrence(query, key, value, *args, phase=self.phase, **kwargs)
 
 
-def install(module_name: str) -> None:
-    """Put a :class:`RecurrenceRoute` in place of each function of :data:`ROUTED` in the
-    modeling module ``module_name`` (once; later calls leave it)."""
+def install(module_name: str, routed: dict[str, str]) -> None:
+    """Put a :class:`RecurrenceRoute` in place of each function named in ``routed`` (``{name:
+    phase}``) in the modeling module ``module_name`` (once; later calls leave it)."""
     mod = importlib.import_module(module_name)
-    for name, phase in ROUTED.items():
+    for name, phase in routed.items():
         fn = getattr(mod, name)
         if not isinstance(fn, RecurrenceRoute):
             setattr(mod, name, RecurrenceRoute(fn, phase))
 
 
 def attach(module, recurrence) -> list:
-    """Make ``recurrence`` the active layer while ``module`` (a transformers Gated DeltaNet)
+    """Make ``recurrence`` the active layer while ``module`` (a transformers linear-attention layer)
     runs its forward; returns the two hook handles (``handle.remove()`` detaches)."""
     tokens = []
 
@@ -83,14 +83,16 @@ def torch_function(fn):
 
 
 @contextlib.contextmanager
-def transformers_torch_path(module_name: str):
-    """Inside the block, every layer of the modeling module ``module_name`` that is not adapted
-    runs transformers' PyTorch recurrence (``torch_chunk_gated_delta_rule`` /
-    ``torch_recurrent_gated_delta_rule`` as written in transformers), even when fla is
-    installed: the reference that an adapted model is compared with."""
-    install(module_name)
+def transformers_torch_path(model_type: str):
+    """Inside the block, every layer of ``model_type``'s modeling module that runs the model's
+    own function (not adapted, or adapted and running natively) runs transformers' PyTorch
+    recurrence as written in transformers, even when fla is installed: the reference that an
+    adapted model is compared with."""
+    from .families import modeling_module_name, routed_functions
+    module_name, routed = modeling_module_name(model_type), routed_functions(model_type)
+    install(module_name, routed)
     mod = importlib.import_module(module_name)
-    routes = [getattr(mod, name) for name in ROUTED]
+    routes = [getattr(mod, name) for name in routed]
     try:
         for route in routes:
             route.original = torch_function(route.__wrapped__)

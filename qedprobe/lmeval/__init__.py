@@ -7,6 +7,6 @@
 :mod:`.load` (the model arguments and loading; no lm-eval import), :mod:`.model` (the ``LM``).
 """
 from .load import ModelArgs, ModelArgsError, parse_model_args
-from .model import QEDProbeLM
+from .model import QEDProbeLM, RequestError
 
-__all__ = ["QEDProbeLM", "ModelArgs", "ModelArgsError", "parse_model_args"]
+__all__ = ["QEDProbeLM", "ModelArgs", "ModelArgsError", "RequestError", "parse_model_args"]

@@ -42,12 +42,17 @@ from qedprobe.model import QEDModel, fast_path, strength
 
 from .load import ModelArgsError, load_model, parse_model_args
 
-__all__ = ["QEDProbeLM", "GenerationOptions", "DEFAULT_MAX_GEN_TOKS"]
+__all__ = ["QEDProbeLM", "GenerationOptions", "RequestError", "DEFAULT_MAX_GEN_TOKS"]
 
 DEFAULT_MAX_GEN_TOKS = 256
 """Tokens generated when a request names no ``max_gen_toks`` (lm-eval's ``hf`` model default)."""
 
 GENERATION_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
+
+
+class RequestError(ValueError):
+    """A request the model cannot serve as asked (an unsupported generation argument, a prompt
+    longer than ``max_length``); the message names the argument."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +72,15 @@ class GenerationOptions:
         ``do_sample`` and a temperature > 0, lm-eval's convention); other keys are refused."""
         unknown = sorted(set(kwargs) - set(GENERATION_KEYS))
         if unknown:
-            raise ValueError(f"qedprobe generate_until: generation argument(s) {', '.join(unknown)} not supported "
+            raise RequestError(f"qedprobe generate_until: generation argument(s) {', '.join(unknown)} not supported "
                              f"(supported: {', '.join(GENERATION_KEYS)})")
         until = kwargs.get("until") or ()
         until = (until,) if isinstance(until, str) else tuple(until)
         if not all(isinstance(u, str) and u for u in until):
-            raise ValueError(f"qedprobe generate_until: `until` must be a non-empty string or a list of them, got {until!r}")
+            raise RequestError(f"qedprobe generate_until: `until` must be a non-empty string or a list of them, got {until!r}")
         n = kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"qedprobe generate_until: `max_gen_toks` must be an integer >= 1, got {n!r}")
+            raise RequestError(f"qedprobe generate_until: `max_gen_toks` must be an integer >= 1, got {n!r}")
         temperature = kwargs.get("temperature")
         sample = bool(kwargs.get("do_sample", False)) and temperature != 0
         return cls(until=until, max_gen_toks=n, do_sample=sample,
@@ -183,7 +188,7 @@ class QEDProbeLM(TemplateLM):
 
     def _check_fits(self, n_tokens: int, what: str) -> None:
         if self.max_length is not None and n_tokens > self.max_length:
-            raise ValueError(f"qedprobe: a {what} of {n_tokens} tokens exceeds max_length={self.max_length} "
+            raise RequestError(f"qedprobe: a {what} of {n_tokens} tokens exceeds max_length={self.max_length} "
                              "(raise `max_length`; nothing is truncated)")
 
     # ------------------------------------------------------------------ loglikelihood

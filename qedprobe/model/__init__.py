@@ -4,6 +4,6 @@ from .fast import fast_path
 from .hooked import hook_name
 from .mixer import MixerState, QEDMixer
 from .model import QEDModel
-from .strength import strength
+from .strength import LambdaScale, strength
 
-__all__ = ["MixerState", "QEDConfig", "QEDMixer", "QEDModel", "fast_path", "hook_name", "strength"]
+__all__ = ["LambdaScale", "MixerState", "QEDConfig", "QEDMixer", "QEDModel", "fast_path", "hook_name", "strength"]

@@ -16,14 +16,16 @@ inputs, so its results are the same bit for bit; it only removes the Python and 
 (~1000 launches per 24-layer step) and the state copies.
 
 The graph is used only where it is exact and safe: CUDA tensors, no hook attached anywhere in
-the model, ``op_mode`` ``"auto"`` or ``"recurrent"``, value checks off (they synchronise). A
-model keeps its last :data:`CACHE_SIZE` graphs, keyed by batch size, strength presence, dtype,
+the model, ``op_mode`` ``"auto"`` or ``"recurrent"``, value checks off (they synchronise). The
+last :data:`CACHE_SIZE` graphs of a model are kept (:func:`decode_graphs`: held beside the
+model, not on it, and dropped with it), keyed by batch size, strength presence, dtype,
 inference mode, the addresses of its parameters (moving or replacing them recaptures) and, inside
 a ``fast_path`` block, the fast path's backend and stacked weights (:func:`.fast.fast_path_key`:
 a graph of one path is never replayed for the other).
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -80,22 +82,22 @@ class _GraphStep:
     stop_read_late = True
 
     def __init__(self, model, states, scales):
-        self.model = model
         self.tokens = torch.zeros(len(states[0].recurrent), 1, dtype=torch.long, device=model.device)
         self.states = _clone(states)
         self.scales = None if scales is None else scales.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
-            self._step()
+            self._step(model)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self._step()
+            self.logits = self._step(model)
 
-    def _step(self) -> torch.Tensor:
-        logits, _ = self.model.run_blocks(self.tokens, states=self.states, cu_seqlens=None,
-                                          scales=self.scales, want_state=True, state_in_place=True)
+    def _step(self, model) -> torch.Tensor:
+        """The step the graph captures (the model is not kept: the cache entry must not hold it)."""
+        logits, _ = model.run_blocks(self.tokens, states=self.states, cu_seqlens=None,
+                                     scales=self.scales, want_state=True, state_in_place=True)
         return logits[:, -1]
 
     def load(self, states, scales) -> "_GraphStep":
@@ -110,6 +112,15 @@ class _GraphStep:
         return self.logits
 
 
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> its captured decode steps (:func:`decode_graphs`)."""
+
+
+def decode_graphs(model) -> OrderedDict:
+    """The captured decode steps of ``model``, oldest first (at most :data:`CACHE_SIZE`)."""
+    return _GRAPHS.setdefault(model, OrderedDict())
+
+
 def _key(model, states, scales) -> tuple:
     tensors = list(model.parameters()) + list(model.buffers())
     return (len(states[0].recurrent), scales is None, states[0].recurrent.dtype, torch.is_inference_mode_enabled(),
@@ -122,7 +133,7 @@ def decode_step(model, states: list[MixerState], scales: torch.Tensor | None, *,
     and :func:`graph_usable`, else the eager step."""
     if not (cuda_graph and graph_usable(model)):
         return _EagerStep(model, states, scales)
-    cache: OrderedDict = model.decode_graphs
+    cache = decode_graphs(model)
     key = _key(model, states, scales)
     step = cache.pop(key, None)
     if step is None:

@@ -4,20 +4,25 @@ fused by ``torch.compile``, and the projections that read the same input run as 
     with fast_path(model):              # compiled by inductor (fast_path(model, backend=None): not compiled)
         model.generate(prompts, 16)     # the prefill and every decode step take the fast path
 
-Each block is two compiled regions around the recurrence op, which is unchanged::
+Each block is two compiled regions around the recurrence, which runs as on the plain path
+(:meth:`QEDMixer.run_recurrence`)::
 
-    pre:  h = rms_norm(x);  [q k v b w f g'] = h W_in^T           one matmul for 7 projections
-          q, k, v = silu(conv(.));  b, w = sigmoid(.);  g = -exp(A_log) softplus(f F2^T + dt_bias)
-    op:   o = qed_attention(q, k, v, g, b, w, lambda)              (qedprobe.ops, as the plain path)
-    post: x_mid = x + (rms_norm(o) sigmoid(g' G2^T + c)) W_o^T
-          [a u] = rms_norm(x_mid) W_gu^T;  x_out = x_mid + (silu(a) u) W_down^T
+    pre:  h = attn_norm(x);  [q k v b w f g'] = h W_in^T          one matmul for 7 projections
+          q, k, v = silu(conv(.));  b, w = sigmoid(.);  g = mixer.decay(f)
+    op:   o = mixer.run_recurrence(q, k, v, g, b, w, ...)         (the plain path's call)
+    post: x_mid = x + mixer.output(o, g')
+          [a u] = mlp_norm(x_mid) W_gu^T;  x_out = x_mid + mlp.down_proj(silu(a) u)
 
-``W_in`` stacks ``q_proj, k_proj, v_proj, b_proj, w_proj, f_proj.0, g_proj.0`` (rows in that order)
-and ``W_gu`` stacks the MLP's ``gate_proj, up_proj``: one wide matmul reads its input once and
-keeps the GPU busier than seven narrow ones. The weights are arguments of the regions, so one
-compiled region serves every layer. A packed prefill's convolution masks the taps that would
-reach the previous sequence (:class:`TokenLayout`, built once per pass, no host synchronisation)
-instead of scattering the row into a padded copy as the plain path does.
+The regions run the block's own modules and methods (the norms, :meth:`QEDMixer.decay`,
+:meth:`QEDMixer.output`, the projections' layers) on the arithmetic the plain path uses
+(``layers.rms_norm``, ``layers.conv_taps``, ``layers.swiglu``, ``mixer.log_decay``); what is the
+fast path's own is the stacking and the packed convolution's mask. ``W_in`` stacks ``q_proj,
+k_proj, v_proj, b_proj, w_proj, f_proj.0, g_proj.0`` (rows in that order) and ``W_gu`` stacks the
+MLP's ``gate_proj, up_proj``: one wide matmul reads its input once and keeps the GPU busier than
+seven narrow ones. The block is an argument of the regions (dynamo lifts its parameters to
+inputs), so one compiled region serves every layer. A packed prefill's convolution masks the taps
+that would reach the previous sequence (:class:`TokenLayout`, built once per pass, no host
+synchronisation) instead of scattering the row into a padded copy as the plain path does.
 
 Values: every element is computed as the plain path computes it (float32 where it works in
 float32, the same rounding to the model's dtype); a fused kernel may order a few float
@@ -41,6 +46,7 @@ in-place edit, a load or a move rebuilds them at the next call.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import weakref
 from dataclasses import dataclass
@@ -49,13 +55,13 @@ import torch
 import torch.nn.functional as F
 
 from qedprobe.kernels.qed.inputs import value_checks_enabled
-from qedprobe.ops import qed_attention
 
 from .hooked import hooks_attached
+from .layers import conv_taps, swiglu
 from .mixer import MixerState
 
-__all__ = ["FastPath", "TokenLayout", "fast_path", "active_fast_path", "fast_path_key", "fast_block_runner",
-           "conv_silu", "rms_norm"]
+__all__ = ["FastPath", "TokenLayout", "fast_path", "has_fast_path", "fast_path_setting", "active_fast_path", "fast_path_key", "fast_block_runner",
+           "conv_silu"]
 
 COMPILE_OPTIONS = {"emulate_precision_casts": True, "combo_kernels": True}
 """inductor options: round to the model's dtype where the plain path does (bf16 between ops);
@@ -76,32 +82,47 @@ class FastPath:
     backend: object = "inductor"
 
 
+_ACTIVE_BLOCKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe_fast_path_blocks", default=())
+"""The :func:`fast_path` blocks active in this context: ``((model, FastPath), ...)``, as entered."""
+
+
+def has_fast_path(model) -> bool:
+    """Whether ``model`` can run the fast path (it has ``blocks`` of QED blocks: a ``QEDModel``)."""
+    return getattr(model, "supports_fast_path", False)
+
+
 @contextlib.contextmanager
 def fast_path(model, backend="inductor"):
     """Inside this block ``model.run_blocks`` (prefill passes, decode steps, ``generate``) takes
     the fast path where it applies (module doc); ``backend=None`` runs the same fused regions
-    without compiling them. The block raises dynamo's recompile limit to :data:`RECOMPILE_LIMIT`."""
+    without compiling them. The block raises dynamo's recompile limit to :data:`RECOMPILE_LIMIT`.
+    The setting is held beside the model for the calls in this thread (or asyncio task), not on it."""
     if not (backend is None or isinstance(backend, str) or callable(backend)):
         raise ValueError(f"fast_path: `backend` must be None, a torch.compile backend name or a callable, "
                          f"got {backend!r}")
-    if not hasattr(model, "fast_path"):
+    if not has_fast_path(model):
         raise ValueError(f"fast_path: {type(model).__name__} has no fast path (QEDModel has)")
-    previous = model.fast_path
-    model.fast_path = FastPath(backend)
+    entry = (model, FastPath(backend))
+    _ACTIVE_BLOCKS.set(_ACTIVE_BLOCKS.get() + (entry,))
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
             yield model
     finally:
-        model.fast_path = previous
+        _ACTIVE_BLOCKS.set(tuple(block for block in _ACTIVE_BLOCKS.get() if block is not entry))
+
+
+def fast_path_setting(model) -> FastPath | None:
+    """The :class:`FastPath` of the innermost :func:`fast_path` block on ``model`` around this
+    call, or None outside every such block."""
+    return next((setting for owner, setting in reversed(_ACTIVE_BLOCKS.get()) if owner is model), None)
 
 
 def active_fast_path(model, *, packed: bool = False, states=None) -> FastPath | None:
-    """The model's :class:`FastPath` when a ``run_blocks`` call may take it now, else None: inside
-    a :func:`fast_path` block, no hooks, no grad, no value checks, and not a packed call
-    (``packed``) that continues ``states`` (the masked convolution starts every sequence from
-    zeros)."""
-    fp = getattr(model, "fast_path", None)
+    """:func:`fast_path_setting` when a ``run_blocks`` call may take the fast path now, else None:
+    no hooks, no grad, no value checks, and not a packed call (``packed``) that continues
+    ``states`` (the masked convolution starts every sequence from zeros)."""
+    fp = fast_path_setting(model)
     if fp is None or torch.is_grad_enabled() or value_checks_enabled() or hooks_attached(model) \
             or (packed and states is not None):
         return None
@@ -176,16 +197,6 @@ class TokenLayout:
 
 
 # ---------------------------------------------------------------------------- the regions
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None):
-    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (times ``sigmoid(gate)``), in
-    float32, returned in ``x``'s dtype: the plain path's ``RMSNorm``."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-    if gate is not None:
-        y = y * torch.sigmoid(gate.float())
-    return y.to(x.dtype)
-
-
 def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias, cache, layout: TokenLayout | None):
     """Causal depthwise convolution + SiLU of ``x`` ``[B, T, D]`` (``weight`` ``[D, 1, W]``):
     ``(y [B, T, D], cache [N, D, W-1])``, as ``ShortConvolution``.
@@ -198,16 +209,7 @@ def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias, cache, layout: TokenL
     W = weight.shape[-1]
     hist = x.new_zeros(B, W - 1, D) if cache is None else cache.transpose(1, 2).to(x.dtype)
     xp = torch.cat([hist, x], dim=1)
-    xf, w = xp.float(), weight[:, 0].float()
-    y = None
-    for j in range(W):
-        tap = xf[:, j:j + T] * w[:, j]
-        if layout is not None and j < W - 1:
-            tap = torch.where((layout.pos >= W - 1 - j)[:, None], tap, 0.0)
-        y = tap if y is None else y + tap
-    if bias is not None:
-        y = y + bias.float()
-    y = F.silu(y).to(x.dtype)
+    y = conv_taps(xp.float(), weight, bias, T, None if layout is None else W - 1 - layout.pos).to(x.dtype)
     if layout is None:
         tail = xp[:, T:]
     else:
@@ -215,39 +217,45 @@ def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias, cache, layout: TokenL
     return y, tail.transpose(1, 2).contiguous()  # one layout for every call: no recompile on strides
 
 
-def mixer_inputs(x, norm_w, eps: float, w_in, splits: tuple, f2, convs, caches, dt_bias, A_log, layout,
-                 heads: int, caches_in_place: bool):
+def input_widths(mixer) -> tuple[int, ...]:
+    """The row counts of ``W_in``'s seven parts (module doc), in its order."""
+    return tuple(lin.out_features for lin in (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.b_proj,
+                                              mixer.w_proj, mixer.f_proj[0], mixer.g_proj[0]))
+
+
+def mixer_inputs(block, x, w_in, caches, layout, caches_in_place: bool):
     """The pre region: ``x`` ``[B, T, D]`` -> ``(q, k, v, b, w, g, g_low, conv caches)``, the
     recurrence's inputs ``[B, T, H, .]`` (``g`` in float32, float64 for a float64 model) and
-    ``g_low`` ``[B, T, V]``, the gate's first projection.
+    ``g_low`` ``[B, T, V]``, the gate's first projection, computed by ``block``'s own modules
+    (``attn_norm``, the mixer's convolutions' weights, :meth:`QEDMixer.decay`) around the one
+    stacked matmul ``w_in`` (:func:`stacked_weights`).
 
-    ``splits``: the row counts of ``W_in``'s seven parts; ``convs``: the q, k, v ``(weight,
-    bias)``; ``caches``: their caches ``[B, D_i, W-1]`` or None each. ``caches_in_place``: the
-    new caches are written over ``caches`` (inside the compiled region, so the write is part of
-    the kernel that reads them) and those tensors are returned.
+    ``caches``: the q, k, v convolution caches ``[B, D_i, W-1]`` or None each.
+    ``caches_in_place``: the new caches are written over ``caches`` (inside the compiled region,
+    so the write is part of the kernel that reads them) and those tensors are returned.
     """
-    h = rms_norm(x, norm_w, eps)
-    q_raw, k_raw, v_raw, b_raw, w_raw, f_low, g_low = F.linear(h, w_in).split(splits, dim=-1)
+    mixer = block.attn
+    heads = mixer.cfg.num_heads
+    q_raw, k_raw, v_raw, b_raw, w_raw, f_low, g_low = F.linear(block.attn_norm(x), w_in).split(
+        input_widths(mixer), dim=-1)
     outs, tails = [], []
-    for raw, (weight, bias), cache in zip((q_raw, k_raw, v_raw), convs, caches):
-        y, tail = conv_silu(raw, weight, bias, cache, layout)
+    for raw, conv, cache in zip((q_raw, k_raw, v_raw), (mixer.q_conv1d, mixer.k_conv1d, mixer.v_conv1d), caches):
+        y, tail = conv_silu(raw, conv.weight, conv.bias, cache, layout)
         outs.append(y.unflatten(-1, (heads, -1)))
         tails.append(cache.copy_(tail) if caches_in_place else tail)
-    ct = torch.promote_types(x.dtype, torch.float32)
-    g = F.softplus(F.linear(f_low, f2).to(ct) + dt_bias.to(ct))
-    g = -A_log.to(ct).exp().unsqueeze(-1) * g.unflatten(-1, (heads, -1))
     b = b_raw.sigmoid().unflatten(-1, (heads, -1))
     w = w_raw.sigmoid().unflatten(-1, (heads, -1))
-    return (*outs, b, w, g, g_low, tuple(tails))
+    return (*outs, b, w, mixer.decay(f_low), g_low, tuple(tails))
 
 
-def block_outputs(x, o, g_low, g2, g2_bias, o_norm_w, o_eps: float, w_o, mlp_norm_w, eps: float, w_gu, w_down):
-    """The post region: ``(x_out [B, T, D])`` from the block input ``x``, the recurrence's output
-    ``o`` ``[B, T, H, V]`` and ``g_low`` (module doc)."""
-    gate = F.linear(g_low, g2, g2_bias).unflatten(-1, o.shape[-2:])
-    mid = x + F.linear(rms_norm(o, o_norm_w, o_eps, gate).flatten(-2), w_o)
-    a, u = F.linear(rms_norm(mid, mlp_norm_w, eps), w_gu).chunk(2, dim=-1)
-    return mid + F.linear(F.silu(a) * u, w_down)
+def block_outputs(block, x, o, g_low, w_gu):
+    """The post region: ``x_out`` ``[B, T, D]`` from the block input ``x``, the recurrence's output
+    ``o`` ``[B, T, H, V]`` and ``g_low``, by ``block``'s own modules (:meth:`QEDMixer.output`,
+    ``mlp_norm``, ``mlp.down_proj``) with the MLP's gate and up projections as the one stacked
+    matmul ``w_gu``."""
+    mid = x + block.attn.output(o, g_low)
+    a, u = F.linear(block.mlp_norm(mid), w_gu).chunk(2, dim=-1)
+    return mid + block.mlp.down_proj(swiglu(a, u))
 
 
 @functools.cache
@@ -270,12 +278,8 @@ def _mark_dynamic(axes: tuple, *tensors) -> None:
 # --------------------------------------------------------------------------------- driver
 def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, want_state, state_in_place):
     """One block on the fast path: ``(x_out, MixerState or None)``."""
-    mixer, cfg = block.attn, block.attn.cfg
     w_in, w_gu = stacked_weights(block)
     caches = state.conv if state is not None else (None, None, None)
-    convs = tuple((c.weight, c.bias) for c in (mixer.q_conv1d, mixer.k_conv1d, mixer.v_conv1d))
-    splits = tuple(lin.out_features for lin in (mixer.q_proj, mixer.k_proj, mixer.v_proj, mixer.b_proj,
-                                                mixer.w_proj, mixer.f_proj[0], mixer.g_proj[0]))
     axes = (0,) if layout is None and x.shape[1] == 1 else (1,) if layout is not None else (0, 1)
     _mark_dynamic(axes, x)  # decode steps vary in sequences, packed prefills in tokens, rows in both
     if axes == (0,):
@@ -283,16 +287,11 @@ def _run_block(fp: FastPath, block, x, lam_scale, state, cu_seqlens, layout, wan
     if layout is not None:
         _mark_dynamic((0,), layout.pos, layout.tail_at, layout.tail_ok)
     q, k, v, b, w, g, g_low, tails = _compiled(mixer_inputs, fp.backend)(
-        x, block.attn_norm.weight, block.attn_norm.eps, w_in, splits, mixer.f_proj[1].weight, convs, caches,
-        mixer.dt_bias, mixer.A_log, layout, cfg.num_heads, state_in_place and state is not None)
-    o, recurrent, _ = qed_attention(
-        q, k, v, g, b, w, mixer.lam(lam_scale), mode=cfg.op_mode, arm=cfg.arm, z=mixer.z,
-        initial_state=None if state is None else state.recurrent, output_final_state=want_state,
-        use_qk_l2norm=True, cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
+        block, x, w_in, caches, layout, state_in_place and state is not None)
+    o, recurrent = block.attn.run_recurrence(q, k, v, g, b, w, lam_scale, state, cu_seqlens, want_state,
+                                             state_in_place)
     _mark_dynamic(axes, o, g_low)
-    out = _compiled(block_outputs, fp.backend)(
-        x, o, g_low, mixer.g_proj[1].weight, mixer.g_proj[1].bias, mixer.o_norm.weight, mixer.o_norm.eps,
-        mixer.o_proj.weight, block.mlp_norm.weight, block.mlp_norm.eps, w_gu, block.mlp.down_proj.weight)
+    out = _compiled(block_outputs, fp.backend)(block, x, o, g_low, w_gu)
     return out, (MixerState(recurrent, tails) if want_state else None)
 
 

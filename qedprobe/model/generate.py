@@ -121,13 +121,14 @@ def _cat_states(parts: list[list[MixerState]], rows: torch.Tensor) -> list[Mixer
             for l in range(len(parts[0]))]
 
 
-def prefill(model, packed) -> tuple[torch.Tensor, list[MixerState]]:
-    """The prompt pass: ``(logits [N, vocab] at each prompt's last token, per-layer states)``.
+def prefill(model, packed, lambda_scale=None) -> tuple[torch.Tensor, list[MixerState]]:
+    """The prompt pass: ``(logits [N, vocab] at each prompt's last token, per-layer states)``,
+    with the prefill factors of ``lambda_scale`` (None: the ``strength`` blocks').
 
     Without hooks, one pass over the packed row; with hooks, one ``[B, T]`` pass per distinct
     prompt length (so a hook sees each prompt as its own row).
     """
-    scales = model.lam_scales("prefill")
+    scales = model.lam_scales("prefill", lambda_scale)
     if not hooks_attached(model):
         logits, states = model.run_blocks(packed.ids, states=None, cu_seqlens=packed.cu_seqlens,
                                           scales=scales, want_state=True,
@@ -147,20 +148,22 @@ def prefill(model, packed) -> tuple[torch.Tensor, list[MixerState]]:
     return torch.cat(logits)[rows], _cat_states(parts, rows)
 
 
-def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, verbose=False) -> torch.Tensor:
+def _decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, lambda_scale,
+            verbose=False) -> torch.Tensor:
     """``[N, S]`` new token ids (``S <= max_new_tokens``; fewer once every prompt emitted one of
     ``stop_ids``); ``verbose`` shows a progress bar over the new tokens."""
     with tqdm(total=max_new_tokens, unit="token", desc="generate", disable=not verbose) as bar:
-        return _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, bar.update)
+        return _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, lambda_scale,
+                             bar.update)
 
 
-def _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, tick) -> torch.Tensor:
+def _decode_steps(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, lambda_scale, tick) -> torch.Tensor:
     """:func:`_decode`'s loop; ``tick()`` after each new token."""
-    last, states = prefill(model, packed)
+    last, states = prefill(model, packed, lambda_scale)
     out = torch.empty(len(packed.lengths), max_new_tokens, dtype=torch.long, device=model.device)
     done = torch.zeros(len(packed.lengths), dtype=torch.bool, device=model.device)
     stop = torch.tensor(stop_ids, dtype=torch.long, device=model.device)
-    step = decode_step(model, states, model.lam_scales("decode"), cuda_graph=cuda_graph) \
+    step = decode_step(model, states, model.lam_scales("decode", lambda_scale), cuda_graph=cuda_graph) \
         if max_new_tokens > 1 else None
     unread = None
     for i in range(max_new_tokens):
@@ -249,7 +252,7 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
              top_p: float | None = None, generator: torch.Generator | None = None,
              return_type: str = "input", pad_token_id: int | None = None,
              cuda_graph: bool = True, verbose: bool = False, use_past_kv_cache: bool = True,
-             prepend_bos: bool | None = None):
+             prepend_bos: bool | None = None, lambda_scale=None):
     """Continue each prompt by up to ``max_new_tokens`` tokens (greedy unless ``do_sample``).
 
     ``prompts``: an integer tensor ``[B, T]`` or ``[T]``, a list of non-empty token-id lists, a
@@ -266,7 +269,8 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
     list of new tokens per prompt (ragged, each up to its EOS).
 
     Strength blocks with ``phase="prefill"`` act on the prompt pass, ``phase="decode"`` on the
-    token steps. Hooks fire in both: in the prefill once per distinct prompt length with
+    token steps; ``lambda_scale`` (a :class:`~qedprobe.model.strength.LambdaScale`) is this call's
+    strength instead of the blocks' around it. Hooks fire in both: in the prefill once per distinct prompt length with
     ``[B, T, ...]`` rows of the prompts of that length, in each decode step with ``[N, 1, ...]``
     (all prompts, in order). ``cuda_graph`` (default on) replays the decode step from a CUDA
     graph where that is exact (CUDA, no hooks attached; see :mod:`.decode_step`): the same
@@ -291,7 +295,7 @@ def generate(model, prompts, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
     if max_new_tokens > 0:
         sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                         generator=generator)
-        new = until_stop(_decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph,
+        new = until_stop(_decode(model, packed, max_new_tokens, stop_ids, sampling, cuda_graph, lambda_scale,
                                  verbose).tolist(), stop_ids)
     out = as_output(prompts, packed, new, return_type, pad_token_id, eos)
     if texts is None or return_type != "input":

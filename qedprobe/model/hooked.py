@@ -9,7 +9,7 @@ TransformerLens ``HookedRootModule`` that also says where its recurrences are:
   ``blocks.{l}.{mixer_name}.hook_{q,k,v,b,w,g,lambda,d,rho,Sd,e,o}`` (:func:`hook_name` builds
   every hook name);
 * ``cfg`` with ``num_hidden_layers``, ``num_heads`` (heads of the recurrence), ``head_dim``,
-  ``vocab_size`` and ``arm``; ``strength_factors`` for :func:`qedprobe.model.strength`.
+  ``vocab_size`` and ``arm`` (what :func:`qedprobe.model.strength` checks its arguments against).
 
 The probe recorders, the eigenvalue statistics and ``strength`` read only this contract.
 """

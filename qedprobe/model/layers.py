@@ -39,6 +39,45 @@ from transformer_lens.hook_points import HookPoint
 from .hookio import observe
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None,
+             inv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (times ``sigmoid(gate)``), in
+    float32, returned in ``x``'s dtype; ``inv_scale`` (``[..., 1]`` float32) when the caller
+    computed ``1 / sqrt(mean(x^2) + eps)`` already. :class:`RMSNorm`'s arithmetic, and the fast
+    path's (``fast.py``)."""
+    xf = x.float()
+    if inv_scale is None:
+        inv_scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = xf * inv_scale * weight.float()
+    if gate is not None:
+        y = y * torch.sigmoid(gate.float())
+    return y.to(x.dtype)
+
+
+def conv_taps(xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, T: int,
+              first_tap: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(sum_j w[j] * xp[:, j:j+T] + bias)`` over rows ``xp`` ``[B, T + W - 1, D]`` (float32),
+    ``weight`` ``[D, 1, W]``; ``first_tap`` ``[T]`` (optional) gives each token its first tap
+    ``j0``: taps ``j < W - 1`` with ``j < j0`` count as zero (they would reach another sequence).
+    :class:`ShortConvolution`'s arithmetic, and the fast path's."""
+    W = weight.shape[-1]
+    w = weight[:, 0].float()
+    y = None
+    for j in range(W):
+        tap = xp[:, j:j + T] * w[:, j]
+        if first_tap is not None and j < W - 1:
+            tap = torch.where((first_tap <= j)[:, None], tap, 0.0)
+        y = tap if y is None else y + tap
+    if bias is not None:
+        y = y + bias.float()
+    return F.silu(y)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``: the SwiGLU product of :class:`SwiGLUMLP` and of the fast path."""
+    return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     """RMS normalisation over the last axis with a learned ``weight`` ``[D]``."""
 
@@ -50,14 +89,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``[..., D]``; with ``gate`` ``[..., D]`` the result is multiplied by ``sigmoid(gate)``."""
-        xf = x.float()
-        inv_scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.hook_scale.has_hooks(dir="fwd"):
-            observe(self.hook_scale, 1 / inv_scale, advice="")
-        y = xf * inv_scale * self.weight.float()
-        if gate is not None:
-            y = y * torch.sigmoid(gate.float())
-        return y.to(x.dtype)
+        if not self.hook_scale.has_hooks(dir="fwd"):
+            return rms_norm(x, self.weight, self.eps, gate)
+        inv_scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        observe(self.hook_scale, 1 / inv_scale, advice="")
+        return rms_norm(x, self.weight, self.eps, gate, inv_scale)
 
 
 class ShortConvolution(nn.Module):
@@ -72,12 +108,8 @@ class ShortConvolution(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
 
     def _taps(self, xp: torch.Tensor, T: int) -> torch.Tensor:
-        """``silu(sum_j w[j] * xp[:, j:j+T] + bias)`` over rows ``xp`` ``[B, T + W - 1, D]`` (float32)."""
-        w = self.weight[:, 0].float()
-        y = sum(xp[:, j:j + T] * w[:, j] for j in range(self.kernel_size))
-        if self.bias is not None:
-            y = y + self.bias.float()
-        return F.silu(y)
+        """:func:`conv_taps` with this layer's weight and bias."""
+        return conv_taps(xp, self.weight, self.bias, T)
 
     def _rows(self, x: torch.Tensor, cache: torch.Tensor | None):
         """Convolve ``[B, T, D]`` rows, each one sequence continuing from ``cache`` ``[B, D, W-1]``."""
@@ -128,4 +160,4 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))

@@ -11,18 +11,10 @@ Per token (``H`` heads, key dim ``K``, value dim ``V``; ``x`` is the normed resi
     o       = QED recurrence (qedprobe.ops.qed_attention, q and k L2-normalised inside)  hook_o
     out     = W_o( rms_norm(o) * sigmoid(G2 G1 x) )                      per head over V
 
-``hook_q`` and ``hook_k`` show q, k *before* the L2 normalisation the op applies. Inputs of the
-recurrence (q, k, v, b, w, g, lambda, d) are writable: a hook's return value is what the op
-uses. ``hook_d`` is computed here (and passed as the op's ``d``) only when it has hooks.
-``hook_rho`` ``[B,T,H]``, ``hook_Sd`` ``[B,T,H,V]`` and ``hook_e`` ``[B,T,H]`` are read-only
-probes of the op, requested only when one of them has hooks.
-
-``hook_Sd`` is the one mixed-case hook name: it is the op's probe ``"Sd"`` (``S_bar^T d``, ``S``
-the state matrix), the key of ``probes``, of ``ProbeRecorder(probes=...)`` and of ``qedprobe eig``.
-It has no lowercase alias (TransformerLens' names are lowercase): a second attribute holding the
-same hook point is dropped from ``hook_dict`` (``named_modules`` lists a module once), so the
-alias would not resolve, and entering it there as a name of its own would make name filters
-(``lambda name: ...``) attach one hook twice.
+The recurrence and its hook points (``hook_q`` ... ``hook_e``, their shapes, which are writable,
+when ``d`` and the probes are computed) are :class:`qedprobe.model.recurrence.HookedRecurrence`'s,
+shared with the transformers adapter; here every gate is per channel (``hook_b``, ``hook_g``
+``[B,T,H,K]``, ``hook_w`` ``[B,T,H,V]``) and q, k have one head per value head.
 
 Parameter names are fla's (``q_proj``, ``q_conv1d``, ``f_proj.0/1``, ``b_proj``, ``w_proj``,
 ``A_log``, ``dt_bias``, ``g_proj.0/1``, ``o_norm``, ``o_proj``) plus ``theta`` ``[H]`` (not for
@@ -36,15 +28,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformer_lens.hook_points import HookPoint
 
-from qedprobe.kernels.qed import erase_direction, l2_normalize
 from qedprobe.lam import init_theta, lambda_from_theta, random_directions
-from qedprobe.ops import qed_attention
 
 from .config import QEDConfig
-from .hookio import observe, through
 from .layers import RMSNorm, ShortConvolution
+from .recurrence import HookedRecurrence
+
 
 class MixerState(NamedTuple):
     """Carried state of one mixer: ``recurrent`` ``[N, H, K, V]`` (float32) and the q/k/v
@@ -52,6 +42,15 @@ class MixerState(NamedTuple):
 
     recurrent: torch.Tensor
     conv: tuple
+
+
+def log_decay(f: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, heads: int,
+              dtype: torch.dtype) -> torch.Tensor:
+    """``g = -exp(A_log_h) * softplus(f + dt_bias)`` from the decay projection ``f`` ``[..., H * K]``
+    (``F2 F1 x``), ``[..., H, K]`` in ``dtype`` (float32, or float64 for a float64 model): the
+    mixer's log-decay, also the fast path's (``fast.py``)."""
+    g = F.softplus(f.to(dtype) + dt_bias.to(dtype))
+    return -A_log.to(dtype).exp().unsqueeze(-1) * g.unflatten(-1, (heads, -1))
 
 
 def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter, a_range, dt_range) -> None:
@@ -64,7 +63,7 @@ def init_decay_(A_log: nn.Parameter, dt_bias: nn.Parameter, a_range, dt_range) -
         dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
 
 
-class QEDMixer(nn.Module):
+class QEDMixer(HookedRecurrence):
     """``[B, T, hidden] -> [B, T, hidden]`` QED token mixer of layer ``layer_idx``."""
 
     def __init__(self, cfg: QEDConfig, layer_idx: int):
@@ -94,24 +93,6 @@ class QEDMixer(nn.Module):
             self.register_buffer("z", random_directions(H, K, cfg.rand_seed + layer_idx), persistent=True)
         else:
             self.z = None
-        # Inputs of the recurrence: writable (a hook's return value is what the op uses).
-        self.hook_q = HookPoint()  # [B, T, H, K] before the op's L2 norm
-        self.hook_k = HookPoint()  # [B, T, H, K] before the op's L2 norm
-        self.hook_v = HookPoint()  # [B, T, H, V]
-        self.hook_b = HookPoint()  # [B, T, H, K] erase gate
-        self.hook_w = HookPoint()  # [B, T, H, V] write gate
-        self.hook_g = HookPoint()  # [B, T, H, K] log-decay
-        self.hook_lambda = HookPoint()  # [H], or [B, T, H] when a hook returns per-token values
-        self.hook_d = HookPoint()  # [B, T, H, K] erase direction (computed only when hooked)
-        self.hook_o = HookPoint()  # [B, T, H, V] output of the recurrence, before o_norm
-        # Probes of the recurrence: read-only observations (requested only when hooked).
-        self.hook_rho = HookPoint()  # [B, T, H] q_hat . k_hat
-        self.hook_Sd = HookPoint()  # [B, T, H, V] S_bar^T d (mixed case: the probe's name "Sd")
-        self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
-
-    def probe_hooks(self) -> dict[str, HookPoint]:
-        """The read-only probe hook points by probe name (the op's ``probes`` keys)."""
-        return {"rho": self.hook_rho, "Sd": self.hook_Sd, "e": self.hook_e}
 
     def _heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         return x.unflatten(-1, (self.cfg.num_heads, dim))
@@ -119,9 +100,27 @@ class QEDMixer(nn.Module):
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """``g = -exp(A_log_h) * softplus(f_proj(x) + dt_bias)``, ``[B, T, H, K]`` in float32
         (float64 for a float64 model)."""
-        ct = torch.promote_types(x.dtype, torch.float32)
-        g = F.softplus(self.f_proj(x).to(ct) + self.dt_bias.to(ct))
-        return -self.A_log.to(ct).exp().unsqueeze(-1) * self._heads(g, self.cfg.head_dim)
+        return self.decay(self.f_proj[0](x))
+
+    def decay(self, f_low: torch.Tensor) -> torch.Tensor:
+        """:meth:`log_decay` from the first decay projection ``f_low = F1 x`` ``[B, T, V]``."""
+        return log_decay(self.f_proj[1](f_low), self.dt_bias, self.A_log, self.cfg.num_heads,
+                         torch.promote_types(f_low.dtype, torch.float32))
+
+    def output(self, o: torch.Tensor, g_low: torch.Tensor) -> torch.Tensor:
+        """``W_o(rms_norm(o) * sigmoid(G2 g_low))`` ``[B, T, hidden]`` from the recurrence's output
+        ``o`` ``[B, T, H, V]`` and the first gate projection ``g_low = G1 x`` ``[B, T, V]``."""
+        gate = self._heads(self.g_proj[1](g_low), self.cfg.head_v_dim)
+        return self.o_proj(self.o_norm(o, gate).flatten(-2))
+
+    def run_recurrence(self, q, k, v, g, b, w, lam_scale, state: MixerState | None, cu_seqlens,
+                       want_state: bool, state_in_place: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`recur` with this layer's lambda (times ``lam_scale``), arm, directions and op,
+        continuing ``state``'s recurrent state: ``(o [B, T, H, V], final state or None)``."""
+        cfg = self.cfg
+        return self.recur(q, k, v, g, b, w, self.lam(lam_scale), arm=cfg.arm, z=self.z, mode=cfg.op_mode,
+                          initial_state=None if state is None else state.recurrent, output_final_state=want_state,
+                          cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
 
     def lam(self, scale: torch.Tensor | None = None) -> torch.Tensor:
         """``scale * lambda_max * sigmoid(theta)``, ``[H]`` (zeros for arm gdn2), float32
@@ -145,38 +144,16 @@ class QEDMixer(nn.Module):
         its state buffers.
         """
         cfg = self.cfg
-        B, T, _ = x.shape
-        H, K, V = cfg.num_heads, cfg.head_dim, cfg.head_v_dim
+        K, V = cfg.head_dim, cfg.head_v_dim
         conv_in = state.conv if state is not None else (None, None, None)
         q, cq = self.q_conv1d(self.q_proj(x), conv_in[0], cu_seqlens)
         k, ck = self.k_conv1d(self.k_proj(x), conv_in[1], cu_seqlens)
         v, cv = self.v_conv1d(self.v_proj(x), conv_in[2], cu_seqlens)
-        q = through(self.hook_q, self._heads(q, K))
-        k = through(self.hook_k, self._heads(k, K))
-        v = through(self.hook_v, self._heads(v, V))
-        b = through(self.hook_b, self._heads(self.b_proj(x).sigmoid(), K))
-        w = through(self.hook_w, self._heads(self.w_proj(x).sigmoid(), V))
-        g = through(self.hook_g, self.log_decay(x))
-        lam = through(self.hook_lambda, self.lam(lam_scale), (H,), (B, T, H))
-        d = None
-        if self.hook_d.has_hooks(dir="fwd"):
-            ct = torch.promote_types(q.dtype, torch.float32)
-            d_arm = erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)), b.to(ct),
-                                    cfg.arm, self.z)
-            d = through(self.hook_d, d_arm)
-        probe_hooks = self.probe_hooks()
-        want_probes = any(hook.has_hooks(dir="fwd") for hook in probe_hooks.values())
-        o, recurrent, probes = qed_attention(
-            q, k, v, g, b, w, lam, mode=cfg.op_mode, arm=cfg.arm, z=self.z, d=d,
-            initial_state=None if state is None else state.recurrent,
-            output_final_state=want_state, return_probes=want_probes, use_qk_l2norm=True,
-            cu_seqlens=cu_seqlens, inplace_final_state=state_in_place)
-        if want_probes:
-            for name, hook in probe_hooks.items():
-                observe(hook, probes[name])
-        o = through(self.hook_o, o)
-        o = self.o_norm(o, self._heads(self.g_proj(x), V))
-        out = self.o_proj(o.flatten(-2))
+        o, recurrent = self.run_recurrence(
+            self._heads(q, K), self._heads(k, K), self._heads(v, V), self.log_decay(x),
+            self._heads(self.b_proj(x).sigmoid(), K), self._heads(self.w_proj(x).sigmoid(), V), lam_scale,
+            state, cu_seqlens, want_state, state_in_place)
+        out = self.output(o, self.g_proj[0](x))
         conv_out = (cq, ck, cv)
         if state_in_place:
             conv_out = tuple(cache.copy_(new) for cache, new in zip(state.conv, conv_out))

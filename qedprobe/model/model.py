@@ -27,8 +27,6 @@ Hooks (all ``[B, T, hidden]``): ``hook_resid_pre``, ``hook_attn_out``, ``hook_re
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,7 +39,7 @@ from .fast import active_fast_path, fast_block_runner
 from .hooked import HookedModel
 from .layers import RMSNorm, ShortConvolution, SwiGLUMLP
 from .mixer import MixerState, QEDMixer
-from .strength import lambda_scales
+from .strength import LambdaScale, active_lambda_scale
 
 PHASES = ("prefill", "decode")
 RETURN_TYPES = ("logits", "loss", "both", None)
@@ -118,6 +116,7 @@ class QEDModel(HookedModel):
     """Embedding, ``num_hidden_layers`` QED blocks, final RMSNorm, (tied) LM head."""
 
     cache_class = QEDActivationCache  # run_with_cache's cache: TL's helpers on this model's names
+    supports_fast_path = True  # its blocks run on the fast path inside a `fast_path` block (fast.py)
 
     def __init__(self, cfg: QEDConfig):
         super().__init__()
@@ -129,9 +128,6 @@ class QEDModel(HookedModel):
         self.blocks = nn.ModuleList(QEDBlock(cfg, l) for l in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.strength_factors = []  # the active `strength` blocks (StrengthFactor), see strength.py
-        self.decode_graphs = OrderedDict()  # captured decode steps, see decode_step.py
-        self.fast_path = None  # set inside a `fast_path` block (FastPath), see fast.py
         self.apply(self._init_module)
         self.setup()
 
@@ -164,7 +160,7 @@ class QEDModel(HookedModel):
     def forward(self, input, return_type: str | None = "logits", loss_per_token: bool = False, *,
                 attention_mask: torch.Tensor | None = None, start_at_layer: int | None = None,
                 stop_at_layer: int | None = None, tokens: torch.Tensor | None = None,
-                prepend_bos: bool | None = None):
+                prepend_bos: bool | None = None, lambda_scale: LambdaScale | None = None):
         """``input`` ``[B, T]`` token ids (or a text / list of texts, through :meth:`to_tokens`
         with ``prepend_bos``) -> logits ``[B, T, vocab_size]`` (a prefill pass).
 
@@ -177,7 +173,8 @@ class QEDModel(HookedModel):
         would enter the state. ``stop_at_layer=n`` runs blocks ``0 .. n - 1`` and returns the
         residual stream ``[B, T, hidden]`` (``hook_resid_pre`` of block ``n``; negative ``n``
         counts from the end); ``start_at_layer=n`` takes that residual as ``input`` and runs
-        blocks ``n ..`` (the loss then needs the ``tokens`` ``[B, T]``).
+        blocks ``n ..`` (the loss then needs the ``tokens`` ``[B, T]``). ``lambda_scale``: the
+        strength factors of this pass (default: those of the ``strength`` blocks around it).
         """
         if return_type not in RETURN_TYPES:
             raise ValueError(f"QEDModel: `return_type` must be one of {RETURN_TYPES}, got {return_type!r}")
@@ -190,7 +187,7 @@ class QEDModel(HookedModel):
         else:
             check_residual(input, self.cfg.hidden_size)
         lengths = right_padded_lengths(attention_mask, input.shape[:2])
-        out = self.run_blocks(input, states=None, cu_seqlens=None, scales=self.lam_scales("prefill"),
+        out = self.run_blocks(input, states=None, cu_seqlens=None, scales=self.lam_scales("prefill", lambda_scale),
                               want_state=False, start_at_layer=start, stop_at_layer=stop)[0]
         if stop is not None or return_type in ("logits", None):
             return None if return_type is None else out
@@ -219,11 +216,13 @@ class QEDModel(HookedModel):
 
     def forward_with_state(self, input_ids: torch.Tensor, *, states: list[MixerState] | None = None,
                            cu_seqlens: torch.Tensor | None = None, phase: str = "prefill",
-                           want_state: bool = False, logit_positions: torch.Tensor | None = None):
+                           want_state: bool = False, logit_positions: torch.Tensor | None = None,
+                           lambda_scale: LambdaScale | None = None):
         """Logits and, with ``want_state``, one :class:`MixerState` per layer to continue from.
 
         ``states`` continues N sequences; ``cu_seqlens`` ``[N + 1]`` packs N sequences in one
-        row (B = 1); ``phase`` (``"prefill"`` / ``"decode"``) picks the strength factors;
+        row (B = 1); ``phase`` (``"prefill"`` / ``"decode"``) picks the strength factors of
+        ``lambda_scale`` (default: the ``strength`` blocks around the call);
         ``logit_positions`` ``[P]`` computes logits ``[B, P, vocab]`` at those positions only.
         The id range check reads the ids on the host (a device synchronisation on CUDA).
         """
@@ -231,12 +230,14 @@ class QEDModel(HookedModel):
             raise ValueError(f"QEDModel: `phase` must be one of {PHASES}, got {phase!r}")
         self._check_ids(input_ids)
         return self.run_blocks(input_ids, states=states, cu_seqlens=cu_seqlens,
-                               scales=self.lam_scales(phase), want_state=want_state,
+                               scales=self.lam_scales(phase, lambda_scale), want_state=want_state,
                                logit_positions=logit_positions)
 
-    def lam_scales(self, phase: str) -> torch.Tensor | None:
-        """The active strength factors of ``phase`` as ``[L, H]`` float32 on the model's device, or None."""
-        scales = lambda_scales(self.strength_factors, phase)
+    def lam_scales(self, phase: str, lambda_scale: LambdaScale | None = None) -> torch.Tensor | None:
+        """The strength factors of ``phase`` as ``[L, H]`` float32 on the model's device, or None:
+        ``lambda_scale``'s, or (None) those of the ``strength`` blocks around the call."""
+        scale = active_lambda_scale(self) if lambda_scale is None else lambda_scale
+        scales = scale.for_phase(phase)
         return None if scales is None else scales.to(self.device)
 
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,

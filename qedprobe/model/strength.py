@@ -8,13 +8,24 @@ r"""Inference-time strength: ``lambda_h -> s * lambda_h`` for selected layers an
 
 A forward pass (``model(ids)``, ``run_with_cache``, ``run_with_hooks``) is a prefill; in
 ``generate`` the prompt pass is the prefill and each new-token step is a decode. Nested blocks
-multiply their factors; every block restores the model on exit, also after an exception.
+multiply their factors; every block ends with its ``with`` statement, also after an exception.
 ``hook_lambda`` sees lambda after the strength factor. On arm ``gdn2`` lambda is 0, so the
 factor has no effect.
+
+The factors reach the recurrence as a value, not as state on the model: a :class:`LambdaScale`
+(the product of the active factors, per phase) that a forward pass receives, ``model(ids,
+lambda_scale=...)``, ``model.generate(..., lambda_scale=...)``, and passes down to each layer's
+lambda. A ``strength`` block makes its factor the default of the calls inside it, in this
+thread (or asyncio task) only: the blocks entered are held in a ``contextvars.ContextVar``
+(:func:`active_lambda_scale`), and the model object is never changed.
+
+    scale = LambdaScale.select(model, 0.0, layers=[3])   # the same checks as strength(...)
+    model.generate(prompts, 16, lambda_scale=scale)      # as inside `with strength(model, 0.0, layers=[3])`
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -26,24 +37,72 @@ from .hooked import HookedModel
 PHASES = ("all", "prefill", "decode")
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class StrengthFactor:
-    """One active ``strength`` block: a ``[L, H]`` float32 factor for one phase (or ``"all"``)."""
+    """One strength: a ``[L, H]`` float32 factor (on the CPU) for one phase (or ``"all"``)."""
 
     factor: torch.Tensor
     phase: str
 
 
-def lambda_scales(factors: list[StrengthFactor], phase: str) -> torch.Tensor | None:
-    """Product of the active ``factors`` (a model's ``strength_factors``) that apply to
-    ``phase`` (``"prefill"`` or ``"decode"``), ``[L, H]`` float32, or None when none applies."""
-    active = [f.factor for f in factors if f.phase in ("all", phase)]
-    if not active:
-        return None
-    out = active[0]
-    for f in active[1:]:
-        out = out * f
-    return out
+@dataclass(frozen=True)
+class LambdaScale:
+    """The lambda factors a forward pass applies: ``factors`` (nested strengths, outermost
+    first), each for ``"all"`` phases or one. Empty: lambda as trained."""
+
+    factors: tuple[StrengthFactor, ...] = ()
+
+    @classmethod
+    def select(cls, model, s, *, layers=None, heads=None, phase: str = "all",
+               allow_extrapolation: bool = False) -> "LambdaScale":
+        """The scale ``s`` on ``layers`` x ``heads`` in ``phase``, checked as :func:`strength`
+        checks it (the arguments are :func:`strength`'s)."""
+        return cls((strength_factor(model, s, layers=layers, heads=heads, phase=phase,
+                                    allow_extrapolation=allow_extrapolation),))
+
+    def for_phase(self, phase: str) -> torch.Tensor | None:
+        """Product of the factors that apply to ``phase`` (``"prefill"`` or ``"decode"``), ``[L, H]``
+        float32 on the CPU, or None when none applies."""
+        active = [f.factor for f in self.factors if f.phase in ("all", phase)]
+        if not active:
+            return None
+        out = active[0]
+        for f in active[1:]:
+            out = out * f
+        return out
+
+
+_ACTIVE_BLOCKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe_strength_blocks", default=())
+"""The ``strength`` blocks active in this context: ``((model, StrengthFactor), ...)``, as entered."""
+
+
+_CALL_SCALES: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe_call_scales", default=())
+"""The scales given to the calls now running (:func:`call_lambda_scale`): ``((model, LambdaScale), ...)``."""
+
+
+def active_lambda_scale(model) -> LambdaScale:
+    """The :class:`LambdaScale` that ``model``'s layers apply now: the one given to the innermost
+    call of ``model`` that was given one (:func:`call_lambda_scale`), else that of the
+    ``strength`` blocks around this call that name ``model``."""
+    given = next((scale for owner, scale in reversed(_CALL_SCALES.get()) if owner is model), None)
+    if given is not None:
+        return given
+    return LambdaScale(tuple(factor for owner, factor in _ACTIVE_BLOCKS.get() if owner is model))
+
+
+@contextlib.contextmanager
+def call_lambda_scale(model, scale: LambdaScale | None):
+    """Inside this block ``model``'s layers apply ``scale`` (None: nothing changes): how a call
+    given ``lambda_scale=`` hands it to layers that another library calls (``qedprobe.hf``:
+    transformers runs the decoder layers)."""
+    if scale is None:
+        yield
+        return
+    token = _CALL_SCALES.set(_CALL_SCALES.get() + ((model, scale),))
+    try:
+        yield
+    finally:
+        _CALL_SCALES.reset(token)
 
 
 def index_selection(name: str, value, allowed, who: str = "strength") -> list[int]:
@@ -85,7 +144,8 @@ def grid_values(name: str, value, shape: tuple, who: str = "strength", dtype=tor
 @contextlib.contextmanager
 def strength(model, s, *, layers=None, heads=None, phase: str = "all",
              allow_extrapolation: bool = False):
-    """Multiply lambda of the selected heads by ``s`` while the block is active.
+    """Multiply lambda of the selected heads by ``s`` while the block is active (the calls of
+    ``model`` inside it that are given no ``lambda_scale`` of their own).
 
     Args:
         model: a :class:`~qedprobe.model.QEDModel` or a transformers model adapted with
@@ -95,7 +155,20 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
         phase: ``"all"``, ``"prefill"`` or ``"decode"``.
         allow_extrapolation: permit values of ``s`` outside ``[-1, 2]``.
     """
-    if not isinstance(model, HookedModel) or not hasattr(model, "strength_factors"):
+    entry = strength_factor(model, s, layers=layers, heads=heads, phase=phase,
+                            allow_extrapolation=allow_extrapolation)
+    _ACTIVE_BLOCKS.set(_ACTIVE_BLOCKS.get() + ((model, entry),))
+    try:
+        yield model
+    finally:
+        _ACTIVE_BLOCKS.set(tuple(block for block in _ACTIVE_BLOCKS.get() if block[1] is not entry))
+
+
+def strength_factor(model, s, *, layers=None, heads=None, phase: str = "all",
+                    allow_extrapolation: bool = False) -> StrengthFactor:
+    """The checked :class:`StrengthFactor` of :func:`strength`'s arguments: ``[L, H]`` ones with
+    ``s`` on the selected layers x heads."""
+    if not isinstance(model, HookedModel) or not hasattr(model, "mixer_layers"):
         raise ValueError(f"strength: `model` must be a QEDModel or an adapted transformers model "
                          f"(qedprobe.hf.adapt), got {type(model).__name__}")
     cfg = model.cfg
@@ -110,9 +183,4 @@ def strength(model, s, *, layers=None, heads=None, phase: str = "all",
         raise ValueError(f"strength: {exc}") from None
     factor = torch.ones(cfg.num_hidden_layers, cfg.num_heads)
     factor[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = values
-    entry = StrengthFactor(factor, phase)
-    model.strength_factors.append(entry)
-    try:
-        yield model
-    finally:
-        model.strength_factors[:] = [f for f in model.strength_factors if f is not entry]
+    return StrengthFactor(factor, phase)

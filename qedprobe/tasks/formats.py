@@ -57,7 +57,8 @@ def make_task(name, tokenizer="bytes", *, format=DEFAULT_FORMAT, haystack_file=N
         return NIAHTask(name, tokenizer, haystack_file=haystack_file, **legacy)
     given = sorted(k for k, v in legacy.items() if v is not None)
     if given:
-        raise ValueError(f"{', '.join(given)}: legacy-format options (--format legacy); "
-                         "RULER's tasks fix them")
+        names = ", ".join(f"`{k}`" for k in given)
+        raise ValueError(f"only the legacy format takes {names} (RULER's tasks fix them); "
+                         f"this task's format is {format!r}")
     return RulerTask(RULER_ALIASES.get(name, name), tokenizer, haystack_file=haystack_file,
                      chat_template=chat_template)
