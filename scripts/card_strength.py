@@ -4,7 +4,7 @@
 
 SWEEP_DIR is a ``qedprobe sweep`` output folder of that model; the section holds the command
 that made it and the sweep's summary (accuracy, Wilson 95 % interval, exact McNemar against
-s = 1 with the discordant counts b / c), the table ``qedprobe sweep`` prints. Running it again
+s = 1 with the discordant counts b / c), the table and legend ``qedprobe sweep`` prints. Running it again
 replaces the section.
 """
 from __future__ import annotations
@@ -25,9 +25,8 @@ def main() -> None:
     args = parser.parse_args()
     summary = json.loads((args.sweep_dir / "summary.json").read_text())
     rows = summary["rows"]
-    body = (f"```bash\n{args.command}\n```\n\n{summary_table(rows)}\n\n"
-            f"b: right at s and wrong at s = 1; c: the reverse; McNemar p: exact, two-sided "
-            f"({rows[0]['task']}, {rows[0]['format']} format).")
+    body = (f"```bash\n{args.command}\n```\n\nTask {rows[0]['task']}, {rows[0]['format']} format.\n\n"
+            f"{summary_table(rows)}")
     print(set_card_section(args.model_dir, "Strength table", body))
 
 
