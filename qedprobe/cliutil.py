@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import re
 import sys
@@ -11,7 +12,7 @@ import warnings
 from pathlib import Path
 
 __all__ = ["COMMAND_HELP", "HelpFormatter", "fail", "cli_words", "check_out_folder", "join_negative_values",
-           "one_line_warnings", "plain_text"]
+           "one_line_warnings", "plain_text", "runs"]
 
 COMMAND_HELP = {
     "demo": "worked example + probe table of a random QED layer per arm",
@@ -40,6 +41,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         if shown and "default" not in text.lower():
             text += " (default: %(default)s)"
         return text
+
+
+def runs(parser: argparse.ArgumentParser, target: str) -> None:
+    """Make ``target`` (``"module:function"``, ``function(args) -> int``) the sub-command's
+    ``func``, imported only when the command runs. A sub-command's parser module imports no torch,
+    Triton or TransformerLens (seconds), so its ``--help`` and its usage errors need none; the
+    run module imports what the work needs."""
+    module, function = target.split(":")
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), function)(args)
+
+    parser.set_defaults(func=run)
 
 
 def plain_text(doc: str) -> str:

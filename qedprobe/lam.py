@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-LAMBDA_MAX = 0.25
-THETA_INIT = -2.0
-THETA_LR_MULT = 10.0
+from qedprobe.constants import LAMBDA_MAX, THETA_INIT, THETA_LR_MULT
 
 
 def lambda_from_theta(theta: torch.Tensor, lambda_max: float = LAMBDA_MAX) -> torch.Tensor:

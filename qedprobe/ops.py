@@ -25,10 +25,11 @@ import torch
 
 from qedprobe.kernels.qed import (ARMS, LAMBDA_BOUND, PROJECTED_ARMS, qed_chunk, qed_chunk_torch, qed_naive,
                                   qed_recurrent, value_checks)
+from qedprobe.constants import MODES
 from qedprobe.kernels.qed.inputs import QEDOutput
 
-OPS = {"naive": qed_naive, "torch": qed_chunk_torch, "chunk": qed_chunk, "recurrent": qed_recurrent}
-MODES = ("auto", *OPS)
+OPS = dict(zip(MODES[1:], (qed_naive, qed_chunk_torch, qed_chunk, qed_recurrent)))
+"""The named ops of :data:`MODES` (all but ``auto``)."""
 
 __all__ = ["ARMS", "LAMBDA_BOUND", "MODES", "PROJECTED_ARMS", "qed_attention", "qed_chunk", "qed_chunk_torch", "qed_naive",
            "qed_recurrent", "value_checks"]

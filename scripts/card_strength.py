@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from qedprobe.cli.evaluation import summary_table
+from qedprobe.cli.evaluation_run import summary_table
 from qedprobe.train.card import set_card_section
 
 

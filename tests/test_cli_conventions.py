@@ -67,11 +67,24 @@ def test_every_option_with_a_default_shows_it_in_help():
             assert "default" in entry, f"{name}: {entry!r}"
 
 
-def test_top_level_help_imports_neither_torch_nor_transformer_lens():
-    code = ("import sys\nfrom qedprobe.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('LOADED', sorted(m for m in ('torch', 'transformer_lens') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "train-tokenizer" in out and "LOADED []" in out, out
+HEAVY = ("torch", "transformer_lens", "triton")
+"""What ``--help`` and usage errors must not import (seconds; the run modules import them)."""
+
+
+@pytest.mark.parametrize("argv, status, shown", [
+    (["--help"], 0, "train-tokenizer"),
+    *[([name, "--help"], 0, f"usage: qedprobe {name}") for name in cli.COMMAND_MODULES],
+    (["eig", "--model", "m", "--out", "o", "--length", "2X"], 2, "argument --length: length: '2X' is not an integer"),
+    (["train", "--out", "o", "--arm", "bad"], 2, "argument --arm: invalid choice: 'bad'"),
+    (["sweep", "--model", "m"], 2, "the following arguments are required: --out"),
+])
+def test_help_and_usage_errors_import_neither_torch_nor_transformer_lens_nor_triton(argv, status, shown):
+    """Each sub-command's parser lives apart from what it runs (``qedprobe.cliutil.runs``)."""
+    code = (f"import sys\nfrom qedprobe.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as exc:\n"
+            f"    print('STATUS', exc.code)\nprint('LOADED', sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown in proc.stdout + proc.stderr, proc.stderr
+    assert f"STATUS {status}" in proc.stdout and "LOADED []" in proc.stdout, proc.stdout[-300:]
 
 
 def test_every_option_has_a_help_text_in_plain_words():

@@ -271,7 +271,7 @@ def test_report_two_arms_paired(tmp_path, capsys):
 
 
 def test_summary_table_prints_every_cell_with_paired_columns():
-    from qedprobe.cli.evaluation import summary_table
+    from qedprobe.cli.evaluation_run import summary_table
 
     rows = [dict(length=512, s=1.0, n=20, accuracy=0.5, ci_low=0.3, ci_high=0.7, score_pct=50.0, b=0, c=0,
                  mcnemar_p=1.0),

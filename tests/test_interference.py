@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from qedprobe.cli.evaluation import register as register_eval, tokenizer_spec
+from qedprobe.cli.evaluation import register as register_eval
+from qedprobe.cli.evaluation_run import tokenizer_spec
 from qedprobe.tasks.control import ForeignKeyTask, ask_key, query_line
 from qedprobe.tasks import NIAHTask
 from qedprobe.tokenizer import load_tokenizer
 from qedprobe.train import TrainConfig, TrainData, train
 from qedprobe.train.bpe import SPECIAL, train_tokenizer
 from qedprobe.cli.train import config_from_args, register as register_train
-from qedprobe.train.data import Component, key_tokens
+from qedprobe.train.data import key_tokens
+from qedprobe.train.mixtures import Component
 from qedprobe.train.trainer import token_weights
 
 NEEDLE_RE = re.compile(r"special magic numbers? for (\S+) is: (\d+)\.")

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-ARMS = ("gdn2", "nogate_noproj", "nogate", "full", "rand", "noproj")
-"""The six arms. ``a_t = b_t*k_t + lam * d_t`` with ``d_t`` per arm (see ``arms.py``)."""
+from qedprobe.constants import ARMS
 
 LAMBDA_BOUND = 1.0
 """Largest ``|lam|`` the ops are specified for. Up to it the chunk ops agree with the float64

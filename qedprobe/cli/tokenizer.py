@@ -2,29 +2,10 @@
 (:mod:`qedprobe.train.bpe`)."""
 from __future__ import annotations
 
-import argparse
-
-from qedprobe.cliutil import COMMAND_HELP, HelpFormatter, check_out_folder, fail, plain_text
-from qedprobe.tokenizer import load_tokenizer
+from qedprobe.cliutil import COMMAND_HELP, HelpFormatter, plain_text, runs
 from qedprobe.train import bpe
-from qedprobe.train.bpe import MIN_VOCAB, train_tokenizer
-from qedprobe.train.data import MIXTURES
-
-FLAGS = {"vocab_size": "--vocab-size", "rows": "--rows", "seq_len": "--seq-len", "seed": "--seed",
-         "mixture": "--mixture"}
-"""Python argument -> CLI flag, for error messages."""
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        check_out_folder(args.out, "--out")
-        out = train_tokenizer(args.out, mixture=args.mixture, vocab_size=args.vocab_size,
-                              seq_len=args.seq_len, rows=args.rows, seed=args.seed)
-    except ValueError as err:
-        return fail("train-tokenizer", err, FLAGS)
-    tok = load_tokenizer(str(out))
-    print(f"tokenizer with {tok.vocab_size} ids (BOS {tok.bos_id}, EOS {tok.eos_id}, PAD {tok.pad_id}) in {out}")
-    return 0
+from qedprobe.train.bpe import MIN_VOCAB
+from qedprobe.train.mixtures import MIXTURES
 
 
 def register(subparsers) -> None:
@@ -37,4 +18,4 @@ def register(subparsers) -> None:
                    help="bytes per training-text row (long enough for the mixture's largest document)")
     p.add_argument("--rows", type=int, default=1000, help="rows of text to train on")
     p.add_argument("--seed", type=int, default=0, help="data seed of the text rows")
-    p.set_defaults(func=run)
+    runs(p, "qedprobe.cli.tokenizer_run:run")

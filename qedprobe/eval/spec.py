@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from qedprobe.lam import check_strengths
 from qedprobe.tasks import ANSWER_MARGIN, DEFAULT_FORMAT, make_task
 
-from .store import SweepError, strength_key
+from .arguments import SweepError, parse_float_list, parse_int_list
+from .store import strength_key
 
 __all__ = ["SweepSpec", "DECODE_RULES", "PHASES", "sweep_config", "model_fingerprint", "check_model",
            "check_eval_seed", "check_strengths_for", "check_tokenizer_fits", "validate_grid", "parse_int_list",
@@ -125,35 +126,6 @@ def _check_run_options(spec: SweepSpec) -> None:
             raise SweepError(f"`{name}` must be >= 1, got {value!r}")
     if spec.time_limit is not None and not spec.time_limit >= 0:
         raise SweepError(f"`time_limit` must be >= 0 seconds, got {spec.time_limit!r}")
-
-
-def parse_int_list(text, name="list") -> list[int]:
-    """``"1024,2K,4k"`` -> ``[1024, 2048, 4096]`` (K = 1024)."""
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        mult = 1
-        if part[-1] in "kK":
-            part, mult = part[:-1], 1024
-        try:
-            out.append(int(part) * mult)
-        except ValueError:
-            raise SweepError(f"{name}: {part!r} is not an integer") from None
-    if not out:
-        raise SweepError(f"{name}: empty")
-    return out
-
-
-def parse_float_list(text, name="list") -> list[float]:
-    try:
-        out = [float(p) for p in str(text).split(",") if p.strip()]
-    except ValueError:
-        raise SweepError(f"{name}: {text!r} is not a comma-separated list of numbers") from None
-    if not out:
-        raise SweepError(f"{name}: empty")
-    return out
 
 
 FINGERPRINT_EXCLUDES = ("op_mode", "decay_a_range", "decay_dt_range", "task_format")

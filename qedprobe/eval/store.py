@@ -33,12 +33,10 @@ from pathlib import Path
 from qedprobe import dist
 from qedprobe.folderlock import lock_folder
 
+from .arguments import SweepError
+
 __all__ = ["SweepError", "strength_key", "row_key", "shard_path", "shard_paths", "read_shard", "unique_rows",
            "ResultsStore", "load_results", "open_store"]
-
-
-class SweepError(ValueError):
-    """An argument, model, tokenizer or output folder that a sweep cannot use."""
 
 
 def strength_key(s) -> float:

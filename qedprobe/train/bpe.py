@@ -26,8 +26,6 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .data import TrainData
-
 SPECIAL = ("<s>", "</s>", "<pad>")
 """BOS, EOS, PAD: ids 0, 1, 2 of every tokenizer trained here."""
 FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -38,7 +36,7 @@ MIN_VOCAB = 256 + len(SPECIAL)
 def mixture_texts(mixture: str, seq_len: int, rows: int, seed: int = 0) -> list[str]:
     """The documents of rows ``0 .. rows - 1`` of ``TrainData(seq_len, mixture, seed, "bytes")``
     as text (one string per document; BOS/EOS/PAD dropped)."""
-
+    from .data import TrainData  # torch: imported here, so `qedprobe train-tokenizer --help` needs none
     data = TrainData(seq_len, mixture, seed, "bytes")
     tok = data.tokenizer
     texts = []

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qedprobe.lam import THETA_LR_MULT
+from qedprobe.constants import THETA_LR_MULT
 
-from .data import MIXTURES
+from .mixtures import MIXTURES
 
 LOSSES = ("all", "answer")
 DEVICES = ("auto", "cpu", "cuda")
