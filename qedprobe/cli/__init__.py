@@ -4,9 +4,10 @@ Every sub-command's ``--help`` shows the defaults (:class:`qedprobe.cliutil.Help
 a negative list may follow its flag without ``=`` (``--strengths -1,0,1``).
 
 Only the module of the sub-command named on the command line is imported (by name, through
-:data:`COMMAND_MODULES`): the evaluation and training modules import torch and TransformerLens,
-which take seconds, and ``qedprobe --help`` (or a mistyped command) needs none of them. The
-other sub-commands are listed with their one-line help (:data:`qedprobe.cliutil.COMMAND_HELP`).
+:data:`COMMAND_MODULES`), and it holds only the parser: what the command runs (``X_run``,
+importing torch, Triton and TransformerLens, which take seconds) is imported when it runs
+(:func:`qedprobe.cliutil.runs`), so no ``--help`` and no usage error needs them. The other
+sub-commands are listed with their one-line help (:data:`qedprobe.cliutil.COMMAND_HELP`).
 """
 from __future__ import annotations
 
