@@ -24,8 +24,6 @@ FIELDS = {"arm": "arm", "seed": "seed", "seq_len": "seq_len", "batch_size": "bat
           "clip": "clip", "loss": "loss", "key_weight": "key_weight", "mixture": "mixture",
           "tokenizer": "tokenizer", "save_every": "save_every", "device": "device", "init": "init",
           "theta_init": "theta_init"}
-
-
 MODEL_FIELDS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_heads",
                 "head_dim": "head_dim", "conv_size": "conv_size", "lambda_max": "lambda_max", "op_mode": "op_mode",
                 "decay_a": "decay_a_range", "decay_dt": "decay_dt_range"}
