@@ -142,7 +142,7 @@ def test_sweep_figures_mark_the_reference_and_the_paired_tests_in_saturated_colo
     stars = [t for t in by_strength.texts if t.get_text() == "*"]
     assert len(stars) == 1 and stars[0].xy[1] == pytest.approx(100 * summary[-1]["ci_high"])
     note = figures[1].texts[0].get_text()
-    assert note.startswith("* McNemar vs the reference s = 1 (same prompts), 10 cells: p < 0.05 for s = 2 at 4K "
+    assert note.startswith("* McNemar vs the reference s = 1 (same prompts), 10 cells tested; p < 0.05 for s = 2 at 4K "
                            "(b 12, c 0, p = 0.00049)")
 
 

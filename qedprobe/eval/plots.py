@@ -150,7 +150,7 @@ def paired_note(summary: list[dict], named: bool = False) -> str | None:
         return None
     ref = tested[0]["ref_s"]
     hits = sorted((r for r in tested if r["mcnemar_p"] < SIGNIFICANT), key=lambda r: r["mcnemar_p"])
-    head = f"McNemar vs the reference s = {ref:g} (same prompts), {len(tested)} cells: "
+    head = f"McNemar vs the reference s = {ref:g} (same prompts), {len(tested)} cells tested; "
     head = head if not any(r["mcnemar_p"] < SIGNIFICANT for r in tested) else "* " + head
     if not hits:
         return head + f"none differs at p < {SIGNIFICANT:g}"
