@@ -503,9 +503,11 @@ def test_transformerlens_forward_conventions_on_the_adapted_model():
     for kwargs, match in (({"stop_at_layer": 1}, "`stop_at_layer` is not supported"),
                           ({"start_at_layer": 1}, "`start_at_layer` is not supported"),
                           ({"return_type": "probs"}, "`return_type` must be one of"),
-                          ({"attention_mask": mask.flip(1)}, "must pad on the right")):
+                          ({"attention_mask": mask.flip(1)}, "^HFQEDModel: `attention_mask` must pad on the right")):
         with pytest.raises(ValueError, match=match):
             model(ids, **kwargs)
+    with pytest.raises(ValueError, match="^HFQEDModel: the loss needs at least 2 tokens"):
+        model(ids[:, :1], return_type="loss")
     with pytest.raises(ValueError, match="tokenizer"):
         model.to_tokens("no tokenizer here")
 

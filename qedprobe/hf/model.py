@@ -162,13 +162,13 @@ class HFQEDModel(HookedModel):
         if not isinstance(input, torch.Tensor) or input.dim() != 2 or input.is_floating_point():
             got = f"{input.dtype} {tuple(input.shape)}" if isinstance(input, torch.Tensor) else type(input).__name__
             raise ValueError(f"HFQEDModel: `input` must be token ids [B, T] (an integer tensor) or text, got {got}")
-        lengths = right_padded_lengths(attention_mask, input.shape)
+        lengths = right_padded_lengths(attention_mask, input.shape, owner="HFQEDModel")
         mask = None if attention_mask is None else torch.as_tensor(attention_mask).to(self.device)
         with call_lambda_scale(self, lambda_scale):
             logits = self.hf_model(input_ids=input.to(self.device), attention_mask=mask, use_cache=False).logits
         if return_type in ("logits", None):
             return None if return_type is None else logits
-        loss = next_token_loss(logits, input, lengths, loss_per_token)
+        loss = next_token_loss(logits, input, lengths, loss_per_token, owner="HFQEDModel")
         return loss if return_type == "loss" else (logits, loss)
 
     @torch.no_grad()

@@ -45,19 +45,20 @@ PHASES = ("prefill", "decode")
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
-def right_padded_lengths(attention_mask, shape) -> torch.Tensor | None:
+def right_padded_lengths(attention_mask, shape, owner: str = "QEDModel") -> torch.Tensor | None:
     """``[B]`` token counts of a right-padded ``attention_mask`` ``[B, T]`` (each row ones then
-    zeros); any other mask is refused by name. None for no mask."""
+    zeros); any other mask is refused by name, the error prefixed with ``owner`` (the model class
+    the user called). None for no mask."""
     if attention_mask is None:
         return None
     m = torch.as_tensor(attention_mask)
     if tuple(m.shape) != tuple(shape) or m.is_floating_point() or not bool(((m == 0) | (m == 1)).all()):
-        raise ValueError(f"QEDModel: `attention_mask` must be 0/1 (or bool) of shape {tuple(shape)}, "
+        raise ValueError(f"{owner}: `attention_mask` must be 0/1 (or bool) of shape {tuple(shape)}, "
                          f"got {m.dtype} {tuple(m.shape)}")
     lengths = m.long().sum(1)
     prefix = torch.arange(m.shape[1], device=m.device) < lengths[:, None]
     if not torch.equal(prefix, m.bool()):
-        raise ValueError("QEDModel: `attention_mask` must pad on the right (each row ones, then zeros): "
+        raise ValueError(f"{owner}: `attention_mask` must pad on the right (each row ones, then zeros): "
                          "a recurrence reads left to right, so left pads or holes would enter the state")
     return lengths
 
@@ -69,15 +70,16 @@ def check_residual(x, hidden: int) -> None:
                          f"(floating point), got {got}")
 
 
-def next_token_loss(logits, tokens, lengths, per_token: bool) -> torch.Tensor:
+def next_token_loss(logits, tokens, lengths, per_token: bool, owner: str = "QEDModel") -> torch.Tensor:
     """Mean ``-log p(x_{t+1} | x_{<=t})`` over the targets inside each row's ``lengths`` (all,
-    for None); ``per_token``: ``[B, T - 1]``, zero at the left-out targets."""
+    for None); ``per_token``: ``[B, T - 1]``, zero at the left-out targets. Errors are prefixed
+    with ``owner``, the model class the user called."""
     if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != tuple(logits.shape[:2]):
         got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else tokens
-        raise ValueError(f"QEDModel: the loss needs `tokens` [B, T] = {tuple(logits.shape[:2])} "
+        raise ValueError(f"{owner}: the loss needs `tokens` [B, T] = {tuple(logits.shape[:2])} "
                          f"(pass tokens= with start_at_layer), got {got}")
     if tokens.shape[1] < 2:
-        raise ValueError(f"QEDModel: the loss needs at least 2 tokens per row, got `input_ids` of shape {tuple(tokens.shape)}")
+        raise ValueError(f"{owner}: the loss needs at least 2 tokens per row, got `input_ids` of shape {tuple(tokens.shape)}")
     logp = logits[:, :-1].float().log_softmax(-1)
     loss = -logp.gather(-1, tokens[:, 1:, None].to(logits.device).long())[..., 0]
     if lengths is None:
