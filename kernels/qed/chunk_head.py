@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from .chunk_common import BT, ChunkLayout, channel_slice, chunk_position, exp, store_tile
-from .chunk_intra import (DirectionInputs, Prepared, Scores, direction_source, erase_from, head_pointers, row_scalars,
-                          slice_rows)
+from .chunk_intra import (SCORES_SWITCHES, DirectionInputs, Prepared, Scores, direction_source, erase_from,
+                          head_pointers, row_scalars, slice_rows)
 
 def head_scores_config(K: int, probes: bool, state_dtype: torch.dtype) -> tuple[int, int]:
     """``(BKS, num_warps)`` of the per-head-decay scores kernel, by rule (no autotuning): 4 warps,
@@ -37,12 +37,7 @@ def head_scores_config(K: int, probes: bool, state_dtype: torch.dtype) -> tuple[
     return min(32 if wide else 64, triton.next_power_of_2(K)), 4
 
 
-@triton.heuristics({
-    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "PROBES": lambda args: args["adk"] is not None,
-    "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
-    "B_HEAD": lambda args: args["b"].dim() == 3,
-})
+@triton.heuristics(SCORES_SWITCHES)
 @triton.jit(do_not_specialize=["T"])
 def qed_head_scores_kernel(
     q, k, b, lam, z, d_in, gc, rq, rk, cp,

@@ -462,12 +462,17 @@ def _diag_exact(k, gc, rk, b_q, b_a, b_d, G_i, m_i, r_s, eos, cols, cq, ck, cd, 
     return cq, ck, cd
 
 
-@triton.heuristics({
+SCORES_SWITCHES = {
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["adk"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
     "B_HEAD": lambda args: args["b"].dim() == 3,
-})
+}
+"""Compile-time switches of the score kernels (per-channel here, per-head in ``chunk_head``),
+from their arguments: packed rows, probes, per-token lambda, per-head erase gate."""
+
+
+@triton.heuristics(SCORES_SWITCHES)
 @triton.jit(do_not_specialize=["T"])
 def qed_scores_kernel(
     q, k, b, lam, z, d_in, gc, rq, rk, cp,
