@@ -23,7 +23,8 @@
 # cells at s = 1; `qedprobe report` of QED against it per cell (DIR/reports/); then
 # scripts/strength_targets.py prints every cell's largest change against s = 1 with its exact
 # McNemar p and the targets (s = 1 >= 90 % at the training length, 2K, with 4 needles; some s
-# >= 20 points from s = 1 with p < 1e-3). --budget stops the sweeps after that many seconds
+# >= 20 points from s = 1 with p < 1e-3) and draws DIR/strength-mk4.png (accuracy against s per model and
+# length, 4 needles, strength in prefill and decode). --budget stops the sweeps after that many seconds
 # (`timeout`; the rows stay and the same command resumes them). Sweeps: DIR/eval/<name>/<cell>/.
 # --batch-tokens: prompt tokens per generate call of each sweep (fixed, so that --per-gpu sweeps
 # sharing a GPU do not each size their batches to 60 % of its free memory and run it out).
@@ -116,4 +117,4 @@ for name in "${NAMES[@]}"; do
             --labels "GDN-2,$name" --out "$OUT/reports/$name-mk$n" > /dev/null || echo "no report for $name mk$n"
     done
 done
-$PY "$HERE/strength_targets.py" "$OUT/eval" --training-length 2048 | tee "$OUT/targets.md"
+$PY "$HERE/strength_targets.py" "$OUT/eval" --training-length 2048 --figure "$OUT/strength-mk4.png" | tee "$OUT/targets.md"

@@ -1,10 +1,12 @@
-"""The shipped checkpoints: recorded recurrence, a swapped arm refused, and the quick-start model's
-answers depending on its correction (S-NIAH-1 at 1K, greedy, the README's task and format)."""
+"""The shipped checkpoints: recorded recurrence, a swapped arm refused, and answers that depend on
+the correction: the quick-start model's (S-NIAH-1 at 1K, greedy, the README's task and format) and
+a GPU-trained strong-lambda model's (MK-NIAH-4 at 16K)."""
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from qedprobe.model import QEDModel
@@ -59,3 +61,23 @@ def test_quickstart_answers_change_with_the_strength(tmp_path):
     right = {s: {r["sample_id"] for r in rows if r["s"] == s and r["correct"]} for s in (-1.0, 1.0)}
     assert len(right[1.0]) >= 6, rows
     assert len(right[1.0] - right[-1.0]) >= 5 and len(right[-1.0] - right[1.0]) == 0, rows
+
+
+def test_strong_checkpoint_loses_its_answers_at_twice_the_correction(tmp_path):
+    """strong-full-lm1.0-s0 (lambda trained at about 0.45) at 8x its training length: on the first
+    4 MK-NIAH-4 prompts in prose at 16K tokens (evaluation seed 0, the prompts of its GPU sweep,
+    where s = 1 answered 85 of 100 and s = 2 answered 2), greedy on the CPU, most are right at
+    s = 1 and those turn wrong at s = 2, paired prompt by prompt (docs/RESULTS.md, "GPU models
+    whose correction carries weight")."""
+    from qedprobe.eval import SweepSpec, run_sweep
+    from qedprobe.tasks import NIAHTask
+    folder = ROOT / "checkpoints" / "strong-full-lm1.0-s0"
+    model = QEDModel.from_pretrained(folder, dtype=torch.float32).eval()
+    task = NIAHTask("mk-niah", str(folder), num_needles=4, haystack="prose")
+    spec = SweepSpec(task=task, lengths=[16384], strengths=[1.0, 2.0], samples=4, seed=0, batch_size=4,
+                     progress=False)
+    run_sweep(model, spec, out=tmp_path / "sweep")
+    rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
+    right = {s: {r["sample_id"] for r in rows if r["s"] == s and r["correct"]} for s in (1.0, 2.0)}
+    assert len(right[1.0]) >= 3, rows
+    assert len(right[1.0] - right[2.0]) >= 3 and len(right[2.0] - right[1.0]) == 0, rows
