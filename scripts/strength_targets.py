@@ -10,8 +10,8 @@ prints, per length, the accuracy at s = 1 and the strength whose accuracy lies f
 per model: whether s = 1 reaches 90 % at the training length on the 4-needle cell with the
 strength in prefill and decode (``mk4-all``), and whether some cell has an s at least
 ``--points`` from s = 1 with p below ``--p``. With ``--figure``, one panel per model: accuracy
-against s at every length of its ``--cell`` sweep (Wilson 95 % intervals; a filled marker where
-the exact McNemar p against s = 1 is below ``--p``).
+against s at every length of its ``--cell`` sweep (Wilson 95 % intervals; a ``*`` where the exact
+McNemar p against s = 1 is below ``--p``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from qedprobe.eval.plots import (accuracy_errorbar, figure, format_length, label_accuracy_axis, linear_spread,
-                                 save_figure, series_color, series_style)
+                                 mark_significant, save_figure, series_color, series_style)
 
 
 def furthest(rows: list[dict]) -> tuple[dict, dict]:
@@ -43,8 +43,8 @@ def sweep_lines(model: str, cell: str, summary: dict) -> list[str]:
 
 def strength_figure(summaries: dict[str, dict], path: Path, *, cell: str, p: float) -> Path:
     """One panel per model (``summaries``: model name -> its ``cell`` sweep's summary): accuracy
-    against s, a series per length; points whose McNemar p against s = 1 is below ``p`` are filled,
-    the others hollow."""
+    against s, a series per length, a ``*`` over each point whose McNemar p against s = 1 is below
+    ``p``."""
     names = sorted(summaries)
     cols = min(3, len(names))
     rows = -(-len(names) // cols)
@@ -58,16 +58,12 @@ def strength_figure(summaries: dict[str, dict], path: Path, *, cell: str, p: flo
             style = series_style(j, len(lengths), linear_spread(strengths))
             points = sorted((r["s"], r) for r in summary if r["length"] == length)
             x = accuracy_errorbar(ax, points, offset=style["offset"], marker=style["marker"],
-                                  color=series_color(j), label=format_length(length), mfc="white")
-            hits = [(xi, 100 * r["accuracy"]) for xi, (_, r) in zip(x, points)
-                    if r["mcnemar_p"] is not None and r["mcnemar_p"] < p]
-            if hits:
-                ax.plot(*zip(*hits), linestyle="none", marker=style["marker"], ms=4, color=series_color(j), zorder=3)
+                                  color=series_color(j), label=format_length(length))
+            mark_significant(ax, x, [r for _, r in points], series_color(j), p=p)
         ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
         label_accuracy_axis(ax, xlabel="strength s (lambda x s)", title=name, strengths=strengths,
                             legend=k == len(names) - 1)
-    note = (f"{cell}: every length's sweep on the same prompts; filled marker: exact McNemar p < {p:g} "
-            "against s = 1 (dotted line); hollow: not significant.")
+    note = f"{cell}: every length's sweep on the same prompts; *: exact McNemar p < {p:g} against s = 1 (dotted line)."
     return save_figure(fig, path, note, right=1.0)
 
 
@@ -82,11 +78,13 @@ def main() -> None:
     args = parser.parse_args()
     table = ["| model | cell | length | s = 1 % | furthest s | points | b / c | McNemar p |",
              "|---|---|---|---|---|---|---|---|"]
-    verdicts = []
+    verdicts, drawn = [], {}
     for model_dir in sorted(p for p in args.eval_dir.iterdir() if p.is_dir()):
         met_effect, base = False, None
         for summary_file in sorted(model_dir.glob("*/summary.json")):
             summary = json.loads(summary_file.read_text())
+            if summary_file.parent.name == args.cell:
+                drawn[model_dir.name] = summary
             if len({r["s"] for r in summary["rows"]}) < 2:
                 continue
             table += sweep_lines(model_dir.name, summary_file.parent.name, summary)
@@ -103,11 +101,9 @@ def main() -> None:
                             f"with p < {args.p:g}: {'yes' if met_effect else 'no'}")
     print("\n".join(table + [""] + verdicts))
     if args.figure:
-        summaries = {d.name: json.loads((d / args.cell / "summary.json").read_text())
-                     for d in sorted(args.eval_dir.iterdir()) if (d / args.cell / "summary.json").is_file()}
-        if not summaries:
+        if not drawn:
             raise SystemExit(f"--figure: no model folder of {args.eval_dir} has a {args.cell}/summary.json")
-        print(f"figure: {strength_figure(summaries, args.figure, cell=args.cell, p=args.p)}")
+        print(f"figure: {strength_figure(drawn, args.figure, cell=args.cell, p=args.p)}")
 
 
 if __name__ == "__main__":

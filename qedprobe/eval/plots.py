@@ -215,11 +215,11 @@ def plot_summary(summary: list[dict], out, title=None) -> list[Path]:
     return paths
 
 
-def mark_significant(ax, xs, rows, color) -> None:
-    """A ``*`` above each point whose McNemar test against the reference strength has
-    ``p <`` :data:`SIGNIFICANT` (:func:`paired_note` lists them)."""
+def mark_significant(ax, xs, rows, color, p: float = SIGNIFICANT) -> None:
+    """A ``*`` above each point whose McNemar test against the reference strength has ``p <``
+    ``p`` (default :data:`SIGNIFICANT`, the level :func:`paired_note` lists)."""
     for x, r in zip(xs, rows):
-        if r.get("mcnemar_p") is not None and r["s"] != r.get("ref_s") and r["mcnemar_p"] < SIGNIFICANT:
+        if r.get("mcnemar_p") is not None and r["s"] != r.get("ref_s") and r["mcnemar_p"] < p:
             ax.annotate("*", (x, 100 * r["ci_high"]), textcoords="offset points", xytext=(0, 2), ha="center",
                         fontsize=12, color=color)
 
