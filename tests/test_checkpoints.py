@@ -25,6 +25,12 @@ def recorded_recurrence(folder: Path) -> dict | None:
     return None if stored is None else json.loads(stored)
 
 
+def answers_right(sweep: Path, strengths) -> tuple[list[dict], dict[float, set[int]]]:
+    """A sweep folder's rows, and per strength the sample ids answered right (paired by id)."""
+    rows = [json.loads(line) for line in (sweep / "results.jsonl").open()]
+    return rows, {s: {r["sample_id"] for r in rows if r["s"] == s and r["correct"]} for s in strengths}
+
+
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_recorded_recurrence_agrees_with_the_config(folder):
     """Where a shipped weights file records its recurrence (every one trained since the record
@@ -57,8 +63,7 @@ def test_quickstart_answers_change_with_the_strength(tmp_path):
     spec = SweepSpec(task="s-niah-1", task_format="legacy", lengths=[1024], strengths=[-1.0, 1.0], samples=8,
                      seed=2026, batch_size=8, progress=False)
     run_sweep(model, spec, out=tmp_path / "sweep")
-    rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
-    right = {s: {r["sample_id"] for r in rows if r["s"] == s and r["correct"]} for s in (-1.0, 1.0)}
+    rows, right = answers_right(tmp_path / "sweep", (-1.0, 1.0))
     assert len(right[1.0]) >= 6, rows
     assert len(right[1.0] - right[-1.0]) >= 5 and len(right[-1.0] - right[1.0]) == 0, rows
 
@@ -77,7 +82,6 @@ def test_strong_checkpoint_loses_its_answers_at_twice_the_correction(tmp_path):
     spec = SweepSpec(task=task, lengths=[16384], strengths=[1.0, 2.0], samples=4, seed=0, batch_size=4,
                      progress=False)
     run_sweep(model, spec, out=tmp_path / "sweep")
-    rows = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").open()]
-    right = {s: {r["sample_id"] for r in rows if r["s"] == s and r["correct"]} for s in (1.0, 2.0)}
+    rows, right = answers_right(tmp_path / "sweep", (1.0, 2.0))
     assert len(right[1.0]) >= 3, rows
     assert len(right[1.0] - right[2.0]) >= 3 and len(right[2.0] - right[1.0]) == 0, rows
