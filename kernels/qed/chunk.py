@@ -61,9 +61,10 @@ from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
 from .chunk_head import chunk_head_scores_fwd
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
-from .chunk_scan import chunk_output_fwd, chunk_state_fwd
-from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
+from .chunk_scan import chunk_output_fwd, chunk_state_fwd, scalar_output_fwd
+from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
 from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device
+from .scalar_gram import scalar_gram_fwd
 
 Tensor = torch.Tensor
 
@@ -148,12 +149,39 @@ def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=
     return hs, r
 
 
+def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: ChunkLayout, inter: torch.dtype,
+                        initial_state, output_final_state: bool, return_probes: bool):
+    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), five launches: the Gram stage
+    (``scalar_gram``: normalised ``q, k``, ``G``, the per-row ``alpha, gamma`` of the erase vector
+    and ``A_kk``, once per query/key head), the block inverse, ``W, U``, the state scan (keys and
+    decay per row) and the output (``Q K^T`` formed there). Returns ``(o, final_state, probes)``."""
+    dev, ct = v.device, P.compute_dtype
+    gram = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=return_probes)
+    ai = chunk_inverse_fwd(gram.akk, lay=lay, out_dtype=inter)
+    wy = scalar_wy_fwd(x, gram, v.contiguous(), w.contiguous(), ai, lay=lay)
+    hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
+    r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
+    ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    _float64_guard(P, lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r,
+                                              h0=h0, ht=ht, T=P.T, N=P.N))
+    o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
+    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
+    scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
+    probes = {"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e} if return_probes else None
+    return o, ht, probes
+
+
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
              use_qk_l2norm, cu_seqlens):
-    """The forward launches (no autograd): ``(o, final_state, probes, intra)``."""
+    """The forward launches (no autograd): ``(o, final_state, probes, intra)`` (``intra`` None on
+    the scalar-gate path, which has no backward)."""
     inter, prec = chunk_precision(P, q, k, v, b, w)
     lay = chunk_layout(P, cu_seqlens, q.device, prec)
     x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
+    if P.head_g and P.head_b:
+        return (*scalar_gate_forward(P, x, v, g, w, lay=lay, inter=inter, initial_state=initial_state,
+                                     output_final_state=output_final_state, return_probes=bool(return_probes)), None)
     intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
                             inter=inter, probes=bool(return_probes))
     ct, dev = P.compute_dtype, q.device

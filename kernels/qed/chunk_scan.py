@@ -26,30 +26,40 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_at, chunk_rows, scan_program, scan_ranges, shifted
+from .chunk_common import BT, ChunkLayout, chunk_at, chunk_rows, exp, scan_program, scan_ranges
 
 
 @triton.jit
-def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, hs, r,
-                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, STORE_R: tl.constexpr,
-                DT: tl.constexpr, PREC: tl.constexpr, G_HEAD: tl.constexpr):
+def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, G_HEAD: tl.constexpr,
+                ROW_DECAY: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
-    (``[NC, HV, K]``) or, for a per-head decay (``G_HEAD``), one scalar (``[NC, HV]``)."""
+    (``[NC, HV, K]``) or, for a per-head decay (``G_HEAD``), one scalar (``[NC, HV]``). With
+    ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys of the query/key head
+    (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row: the residuals are
+    scaled by ``e^{G_last - G}`` before the key product, and the state by ``e^{G_last}``."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
              S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     b_w = tl.load(w + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
-    b_kg = tl.load(kg + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
+    b_kg = tl.load(kg + rows[:, None] * ((H if ROW_DECAY else HV) * K) + o_k[None, :], mask=m_tk, other=0.)
     b_u = tl.load(u + rows[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.).to(DT)
-    if G_HEAD:
+    if ROW_DECAY:
+        b_G = tl.load(gc + rows * HV, mask=m_t, other=0.).to(DT)
+        b_gl = tl.load(gc + (tl.minimum(bos + i_t * BT + BT, eos) - 1) * HV).to(DT)
+    elif G_HEAD:
         b_gl = tl.load(gl + (c0 + i_t) * HV + i_hv).to(DT)
     else:
         b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)
     b_r = (b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)).to(b_w.dtype)
     if STORE_R:
         tl.store(r + rows[:, None] * (HV * V) + o_v[None, :], b_r.to(r.dtype.element_ty), mask=m_tv)
-    if G_HEAD:
+    if ROW_DECAY:
+        b_rd = (b_r.to(DT) * tl.where(m_t, exp(b_gl - b_G), 0.)[:, None]).to(b_w.dtype)
+        out = S * exp(b_gl) + tl.dot(tl.trans(b_kg), b_rd, input_precision=PREC)
+    elif G_HEAD:
         out = S * b_gl + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
     else:
         out = S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
@@ -61,17 +71,18 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     "STORE_HT": lambda args: args["ht"] is not None,
     "STORE_R": lambda args: args["r"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "G_HEAD": lambda args: args["gl"].dim() == 2,
+    "ROW_DECAY": lambda args: args["gc"] is not None,
+    "G_HEAD": lambda args: args["gl"] is not None and args["gl"].dim() == 2,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_state_kernel(
-    w, u, kg, gl, h0, hs, r, ht,
+    w, u, kg, gl, gc, h0, hs, r, ht,
     cu_seqlens, chunk_offsets, T,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_R: tl.constexpr, IS_VARLEN: tl.constexpr,
-    G_HEAD: tl.constexpr,
+    ROW_DECAY: tl.constexpr, G_HEAD: tl.constexpr,
 ):
     i_v, i_nh, i_hv, bos, eos, NT, c0 = scan_program(cu_seqlens, chunk_offsets, T, HV, BT, IS_VARLEN)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
@@ -79,20 +90,25 @@ def qed_state_kernel(
     if USE_H0:
         p_h = h0 + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         S += tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.).to(DT)
-    w, kg = shifted((w, kg), i_hv * K)
+    w += i_hv * K
+    if ROW_DECAY:
+        kg += (i_hv // (HV // H)) * K
+        gc += i_hv
+    else:
+        kg += i_hv * K
     u += i_hv * V
     if STORE_R:
         r += i_hv * V
     if WHILE_LOOP:  # the interpreter (numpy >= 2.4) cannot take a tensor as range() bound
         i_t = 0
         while i_t < NT:
-            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, hs, r,
-                            HV, K, V, BT, STORE_R, DT, PREC, G_HEAD)
+            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
+                            H, HV, K, V, BT, STORE_R, DT, PREC, G_HEAD, ROW_DECAY)
             i_t += 1
     else:
         for i_t in range(NT):
-            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, hs, r,
-                            HV, K, V, BT, STORE_R, DT, PREC, G_HEAD)
+            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
+                            H, HV, K, V, BT, STORE_R, DT, PREC, G_HEAD, ROW_DECAY)
     if STORE_HT:
         p_h = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         tl.store(p_h, S.to(ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
@@ -214,20 +230,23 @@ def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, 
     return (min(64, triton.next_power_of_2(V)), 4) if probes else (min(128, triton.next_power_of_2(V)), 8)
 
 
-def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, r=None, h0=None, ht=None, T: int, N: int,
+def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=None, ht=None, T: int, N: int,
                     config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_state_kernel`` (grid: value blocks x sequences x value heads): writes the
     chunk-start states ``hs`` ``[NC, HV, K, V]`` and, when given, the residuals ``r``
-    ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states. ``config``
+    ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states. Keys and decay:
+    ``kg = k e^{G_last - G}`` per value head and ``gl = e^{G_last}``, or (the scalar-gate path)
+    ``kg`` the normalised keys ``[B, T, H, K]``, ``gc`` the per-row ``G`` ``[B, T, HV]`` and
+    ``gl`` None. ``config``
     ``(BV, num_warps, num_stages)`` overrides :func:`state_config` (for screening configurations,
     ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
     V = u.shape[-1]
     BV, num_warps, num_stages = config or state_config(K, V, w.dtype, scans=N * HV, sm_count=multiprocessors(w.device))
     qed_state_kernel[(triton.cdiv(V, BV), N * HV)](
-        w=w, u=u, kg=kg, gl=gl, h0=h0, hs=hs, r=r, ht=ht,
+        w=w, u=u, kg=kg, gl=gl, gc=gc, h0=h0, hs=hs, r=r, ht=ht,
         cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T,
-        HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=lay.DT, PREC=lay.prec,
+        H=kg.shape[2], HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=lay.DT, PREC=lay.prec,
         WHILE_LOOP=lay.interpreting, num_warps=num_warps, num_stages=num_stages,
     )
 
@@ -252,4 +271,81 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BK=min(key_block, triton.next_power_of_2(K)), BV=BV, PREC=lay.prec,
         num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+@triton.heuristics({
+    "PROBES": lambda args: args["sd"] is not None,
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+})
+@triton.jit(do_not_specialize=["T"])
+def qed_scalar_output_kernel(
+    qn, kn, gc, b, cp, z, d_in, hs, r, o, sd,
+    cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_x = tl.program_id(0)
+    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
+                                        IS_VARLEN)
+    i_h = i_hv // (HV // H)
+    o_t, o_k, o_v, m_k, m_v = scan_ranges(i_x % NV, K, V, BT, BK, BV)
+    rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
+    b_q = tl.load(qn + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
+    b_k = tl.load(kn + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
+    b_h = tl.load(hs + (i_g * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
+                  other=0.)
+    b_r = tl.load(r + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], mask=m_tv, other=0.)
+    b_G = tl.load(gc + rows * HV + i_hv, mask=m_t, other=0.).to(DT)
+    causal = o_t[:, None] >= o_t[None, :]
+    dec = exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.))
+    ex = exp(b_G)[:, None]
+    qs = tl.dot(b_q, b_h, input_precision=PREC)
+    QK = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    b_a = tl.where(causal, QK * dec, 0.).to(b_r.dtype)
+    b_o = (qs * ex + tl.dot(b_a, b_r, input_precision=PREC)) * scale
+    tl.store(o + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+    if PROBES:
+        # Sd_t = d_t^T S_bar_t with d = bx x - c k_hat: (bx (x S0) - c (k S0)) e^G + (bx X K^T - c K K^T) Dec R
+        p = rows * HV + i_hv
+        bx = tl.load(b + p, mask=m_t, other=0.).to(DT) if DIR_GATED else b_G * 0. + 1.
+        c = tl.load(cp + p, mask=m_t, other=0.).to(DT)
+        ks = tl.dot(b_k, b_h, input_precision=PREC)
+        KK = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+        if DIR_SOURCE == "q":
+            xs = qs
+            XK = QK
+        elif DIR_SOURCE == "z":
+            zz = tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)
+            xs = tl.sum(zz[:, None] * b_h.to(DT), 0)[None, :] + ks * 0.
+            XK = tl.sum(b_k.to(DT) * zz[None, :], 1)[None, :] + KK * 0.
+        elif DIR_SOURCE == "d":
+            b_d = tl.load(d_in + rows[:, None] * (HV * K) + i_hv * K + o_k[None, :], mask=m_tk, other=0.).to(b_k.dtype)
+            xs = tl.dot(b_d, b_h, input_precision=PREC)
+            XK = tl.dot(b_d, tl.trans(b_k), input_precision=PREC)
+        else:
+            xs = ks * 0.
+            XK = KK * 0.
+        strict = o_t[:, None] > o_t[None, :]
+        b_ad = tl.where(strict, (bx[:, None] * XK - c[:, None] * KK) * dec, 0.).to(b_r.dtype)
+        b_sd = (bx[:, None] * xs - c[:, None] * ks) * ex + tl.dot(b_ad, b_r, input_precision=PREC)
+        tl.store(sd + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_sd.to(sd.dtype.element_ty), mask=m_tv)
+
+
+def scalar_output_fwd(lay: ChunkLayout, x, gram, *, hs, r, o, scale: float, sd=None) -> None:
+    """Launch ``qed_scalar_output_kernel`` (grid: chunks x value blocks, value heads) of the
+    scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the Gram stage's
+    normalised queries and keys (``gram``: ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T``
+    formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
+    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``)."""
+    B, T, H, K = gram.kn.shape
+    HV, V = r.shape[2], r.shape[-1]
+    BV, num_warps = output_config(V, gram.kn.dtype, sd is not None)
+    qed_scalar_output_kernel[(lay.grid[0] * triton.cdiv(V, BV), lay.grid[1])](
+        qn=gram.qn, kn=gram.kn, gc=gram.gc, b=x.b, cp=gram.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
+        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=1,
     )

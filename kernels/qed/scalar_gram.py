@@ -1,0 +1,175 @@
+r"""Scalar-gate path of ``qed_chunk``, stage 1: normalised keys and queries, Gram matrices and the
+erase scores, once per query/key head.
+
+With a per-head decay ``g`` and a per-head erase gate ``b`` (``[B, T, HV]``: Gated DeltaNet's
+``g`` and ``beta``) the erase vector of every arm is a per-row combination of two vectors::
+
+    a_t = alpha_t k_hat_t + gamma_t x_t,    d_t = bx_t x_t - c_t k_hat_t
+
+with ``x`` the arm's raw direction (``q_hat``; ``z`` of the value head for ``rand``; a given
+``d``; none for ``gdn2``), ``bx = b`` for the gated arms (else 1), ``c = bx (k_hat . x)`` for the
+projected arms (else 0), ``alpha = b - lam c`` and ``gamma = lam bx`` (0 without a direction).
+So the chunk's erase scores are two Gram matrices of the query/key head, weighted per row and
+multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``g``)::
+
+    A_kk[t, j] = (alpha_t (k_hat_t . k_hat_j) + gamma_t (x_t . k_hat_j)) e^{G_t - G_j}   (j < t)
+
+and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
+
+``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
+the chunk once, normalises them (stored in the products' dtype for the later stages, as fla's
+``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
+of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
+stages) and ``A_kk`` (state dtype, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e, d``
+and ``c``. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above
+the diagonal are zeroed before the exponential.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk_common import BT, ChunkLayout, chunk_position, exp, load_tile, store_tile
+from .chunk_intra import DirectionInputs
+
+
+@dataclass(frozen=True)
+class ScalarGram:
+    """What the Gram stage writes: ``qn, kn`` ``[B, T, H, K]`` (normalised, products' dtype);
+    per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``), ``alpha, gamma``; ``akk``
+    ``[B, T, HV, BT]`` (state dtype). Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and
+    ``d`` ``[B, T, HV, K]`` in the state dtype."""
+
+    qn: torch.Tensor
+    kn: torch.Tensor
+    gc: torch.Tensor
+    alpha: torch.Tensor
+    gamma: torch.Tensor
+    akk: torch.Tensor
+    rho: torch.Tensor | None
+    e: torch.Tensor | None
+    c: torch.Tensor | None
+    d: torch.Tensor | None
+
+
+@triton.jit
+def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr, K: tl.constexpr,
+                     DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """For value head ``i_hv``: ``(x, xk, XK)`` = the raw direction tile ``[BT, BK]`` (``DT``),
+    ``x_t . k_hat_t`` per row and ``XK[t, j] = x_t . k_hat_j`` (the query/key head's ``Q K^T`` for
+    a direction from ``q``; for ``z`` one row broadcast; for a given ``d`` its own product)."""
+    if DIR_SOURCE == "z":
+        zz = tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)
+        x = b_k * 0. + zz[None, :]
+        xk = tl.sum(b_k * zz[None, :], 1)
+        XK = xk[None, :] + tl.zeros_like(XK_q)
+    elif DIR_SOURCE == "d":
+        x = load_tile(d_in + i_hv * K, rows, m_t, o_k, m_k, HV * K, DT)
+        xk = tl.sum(x * b_k, 1)
+        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT)
+    elif DIR_SOURCE == "q":
+        x = c_q.to(DT)
+        xk = tl.sum(x * b_k, 1)
+        XK = XK_q
+    else:
+        x = b_k * 0.
+        xk = tl.sum(x, 1)
+        XK = XK_q * 0.
+    return x, xk, XK
+
+
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "PROBES": lambda args: args["rho"] is not None,
+    "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+})
+@triton.jit(do_not_specialize=["T"])
+def qed_scalar_gram_kernel(
+    q, k, g, b, lam, z, d_in,
+    qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out,
+    cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
+):
+    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    rows = bos + i_t * BT + o_t
+    m_t = rows < eos
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+    b_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+    if L2NORM:
+        b_q = b_q * (1. / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6))[:, None]
+        b_k = b_k * (1. / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6))[:, None]
+    kk = tl.sum(b_k * b_k, 1)
+    qk = tl.sum(b_q * b_k, 1)
+    store_tile(qn + i_h * K, b_q, rows, m_t, o_k, m_k, H * K)
+    store_tile(kn + i_h * K, b_k, rows, m_t, o_k, m_k, H * K)
+    c_q = b_q.to(qn.dtype.element_ty)
+    c_k = b_k.to(kn.dtype.element_ty)
+    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT)
+    XK_q = tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) if DIR_SOURCE == "q" else KK * 0.
+    strict = o_t[:, None] > o_t[None, :]
+    M: tl.constexpr = HV // H
+    for i in range(M):
+        i_hv = i_h * M + i
+        p = rows * HV + i_hv
+        G = tl.cumsum(tl.load(g + p, mask=m_t, other=0.).to(DT), 0)
+        b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
+        if LAM_TOKEN:
+            b_l = tl.load(lam + p, mask=m_t, other=0.).to(DT)
+        else:
+            b_l = b_b * 0. + tl.load(lam + i_hv).to(DT)
+        x, xk, XK = _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE, DT,
+                                     PREC)
+        bx = b_b if DIR_GATED else b_b * 0. + 1.
+        c = bx * xk if DIR_PROJECTED else xk * 0.
+        b_al = b_b - b_l * c
+        b_ga = b_l * bx if DIR_SOURCE != "none" else b_l * 0.
+        tl.store(gc + p, G.to(gc.dtype.element_ty), mask=m_t)
+        tl.store(alpha + p, b_al.to(alpha.dtype.element_ty), mask=m_t)
+        tl.store(gamma + p, b_ga.to(gamma.dtype.element_ty), mask=m_t)
+        dec = exp(tl.where(strict, G[:, None] - G[None, :], 0.))
+        A = tl.where(strict, (b_al[:, None] * KK + b_ga[:, None] * XK) * dec, 0.)
+        store_tile(akk + i_hv * BT, A, rows, m_t, o_t, o_t < BT, HV * BT)
+        if PROBES:
+            tl.store(rho + p, qk.to(rho.dtype.element_ty), mask=m_t)
+            tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
+            tl.store(cp + p, c.to(cp.dtype.element_ty), mask=m_t)
+            store_tile(d_out + i_hv * K, bx[:, None] * x - c[:, None] * b_k, rows, m_t, o_k, m_k, HV * K)
+
+
+def gram_warps(K: int) -> int:
+    """Warps of the Gram stage, by rule: 4 for key tiles up to 64 channels, 8 above (two
+    ``[64, K]`` tiles and two ``[64, 64]`` products per program)."""
+    return 4 if triton.next_power_of_2(K) <= 64 else 8
+
+
+def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
+                    probes: bool) -> ScalarGram:
+    """Launch ``qed_scalar_gram_kernel`` (grid: chunks x query/key heads) on per-head ``g`` and
+    ``x.b`` (``[B, T, HV]``)."""
+    B, T, H, K = x.q.shape
+    HV = g.shape[2]
+    dev, st = g.device, lay.state_dtype
+    row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
+    out = ScalarGram(qn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
+                     kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
+                     gc=row(), alpha=row(), gamma=row(), akk=torch.empty(B, T, HV, BT, device=dev, dtype=st),
+                     rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
+                     d=torch.empty(B, T, HV, K, device=dev, dtype=st) if probes else None)
+    qed_scalar_gram_kernel[(lay.grid[0], lay.grid[1] * H // HV)](
+        q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
+        qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=out.akk,
+        rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
+        DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
+        DT=lay.DT, PREC=lay.prec, num_warps=gram_warps(K), num_stages=1,
+    )
+    return out
