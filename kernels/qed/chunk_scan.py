@@ -334,18 +334,20 @@ def qed_scalar_output_kernel(
         tl.store(sd + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_sd.to(sd.dtype.element_ty), mask=m_tv)
 
 
-def scalar_output_fwd(lay: ChunkLayout, x, gram, *, hs, r, o, scale: float, sd=None) -> None:
+def scalar_output_fwd(lay: ChunkLayout, x, gram, *, hs, r, o, scale: float, sd=None,
+                      config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: chunks x value blocks, value heads) of the
     scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the Gram stage's
     normalised queries and keys (``gram``: ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T``
     formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
-    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``)."""
+    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). ``config``
+    ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""
     B, T, H, K = gram.kn.shape
     HV, V = r.shape[2], r.shape[-1]
-    BV, num_warps = output_config(V, gram.kn.dtype, sd is not None)
+    BV, num_warps, num_stages = config or (*output_config(V, gram.kn.dtype, sd is not None), 1)
     qed_scalar_output_kernel[(lay.grid[0] * triton.cdiv(V, BV), lay.grid[1])](
         qn=gram.qn, kn=gram.kn, gc=gram.gc, b=x.b, cp=gram.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
-        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=1,
+        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
     )

@@ -245,12 +245,15 @@ def qed_scalar_wy_kernel(
     _store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
 
 
-def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *, lay: ChunkLayout) -> WYFactors:
+def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *, lay: ChunkLayout,
+                  config: tuple[int, int, int] | None = None) -> WYFactors:
     """Launch ``qed_scalar_wy_kernel`` (grid: chunks x value heads): ``W = Ai (a e^G)`` with the
     erase vector ``a = alpha k_hat + gamma x`` built from the Gram stage's normalised keys
     (queries), its per-row ``alpha, gamma, G`` and the arm's direction source in ``x``
-    (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype."""
+    (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
+    ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
     B, T, H, K = gram.kn.shape
+    bs, num_warps, num_stages = config or (WY_HEAD_SLICE, WY_WARPS, 1)
     HV, V = v.shape[2], v.shape[-1]
     out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=gram.kn.dtype),
                     u=torch.empty(B, T, HV, V, device=v.device, dtype=gram.kn.dtype))
@@ -258,8 +261,8 @@ def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tens
         qn=gram.qn, kn=gram.kn, z=x.z, d_in=x.d, gc=gram.gc, alpha=gram.alpha, gamma=gram.gamma,
         v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BKS=min(WY_HEAD_SLICE, triton.next_power_of_2(K)),
-        BVS=min(WY_HEAD_SLICE, triton.next_power_of_2(V)), DIR_SOURCE=x.flags["DIR_SOURCE"], DT=lay.DT,
-        PREC=lay.prec, num_warps=WY_WARPS, num_stages=1,
+        H=H, HV=HV, K=K, V=V, BT=BT, BKS=min(bs, triton.next_power_of_2(K)),
+        BVS=min(bs, triton.next_power_of_2(V)), DIR_SOURCE=x.flags["DIR_SOURCE"], DT=lay.DT,
+        PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -151,9 +151,11 @@ def gram_warps(K: int) -> int:
 
 
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
-                    probes: bool) -> ScalarGram:
+                    probes: bool, config: tuple[int, int] | None = None) -> ScalarGram:
     """Launch ``qed_scalar_gram_kernel`` (grid: chunks x query/key heads) on per-head ``g`` and
-    ``x.b`` (``[B, T, HV]``)."""
+    ``x.b`` (``[B, T, HV]``). ``config`` ``(num_warps, num_stages)`` overrides the rule (for
+    screening)."""
+    num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
     B, T, H, K = x.q.shape
     HV = g.shape[2]
     dev, st = g.device, lay.state_dtype
@@ -170,6 +172,6 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
-        DT=lay.DT, PREC=lay.prec, num_warps=gram_warps(K), num_stages=1,
+        DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
     )
     return out
