@@ -178,7 +178,7 @@ of an H100/H200 SM's 228 KB (``bench/chunk_aot.py``)."""
 
 
 def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None = None,
-                 sm_count: int | None = None) -> tuple[int, int, int]:
+                 sm_count: int | None = None, row_decay: bool = False) -> tuple[int, int, int]:
     """``(BV, num_warps, num_stages)`` of the state scan, by rule from ``K``, ``V``, the dtype of
     the intra buffers and, where known, the number of ``scans`` (sequences x value heads) and the
     GPU's ``sm_count``.
@@ -192,6 +192,10 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     programs at ``BV = 32`` still fit in one wave (``scans * cdiv(V, 32) <= STATE_PROGRAMS_PER_SM *
     sm_count``: few, long sequences), it takes value blocks of 32: twice the programs, each step
     on half the state block. With more scans the second wave would cost more, and ``BV = 64`` stays.
+
+    The scalar-gate path's scan (``row_decay``) at ``BV = 32`` is pipelined three deep when its
+    programs fit one per SM (``scans * cdiv(V, 32) <= sm_count``; three stages leave room for one
+    program per SM): on an H100 much faster than two deep there (docs/BENCHMARKS.md).
     """
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
@@ -199,7 +203,10 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     if pipelined and scans is not None and sm_count is not None \
             and scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
         BV = 32
-    return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
+    stages = 2 if pipelined else 1
+    if pipelined and row_decay and BV == 32 and scans * triton.cdiv(V, 32) <= sm_count:
+        stages = 3
+    return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, stages
 
 
 @functools.lru_cache
@@ -242,7 +249,8 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=N
     ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
     V = u.shape[-1]
-    BV, num_warps, num_stages = config or state_config(K, V, w.dtype, scans=N * HV, sm_count=multiprocessors(w.device))
+    BV, num_warps, num_stages = config or state_config(K, V, w.dtype, scans=N * HV, sm_count=multiprocessors(w.device),
+                                                       row_decay=gc is not None)
     qed_state_kernel[(triton.cdiv(V, BV), N * HV)](
         w=w, u=u, kg=kg, gl=gl, gc=gc, h0=h0, hs=hs, r=r, ht=ht,
         cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T,
@@ -334,19 +342,28 @@ def qed_scalar_output_kernel(
         tl.store(sd + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_sd.to(sd.dtype.element_ty), mask=m_tv)
 
 
-def scalar_output_fwd(lay: ChunkLayout, x, gram, *, hs, r, o, scale: float, sd=None,
+def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int]:
+    """``(BV, num_warps, num_stages)`` of the scalar-gate output kernel, by rule: bf16 tiles without
+    probes take the whole value axis up to 128 in 4 warps (on an H100 faster than 8 warps or value
+    blocks of 64; docs/BENCHMARKS.md); otherwise as :func:`output_config`, unpipelined."""
+    if inter_dtype == torch.bfloat16 and not probes:
+        return min(128, triton.next_power_of_2(V)), 4, 1
+    return (*output_config(V, inter_dtype, probes), 1)
+
+
+def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=None,
                       config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: chunks x value blocks, value heads) of the
-    scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the Gram stage's
-    normalised queries and keys (``gram``: ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T``
+    scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the intra-chunk stage's
+    normalised queries and keys (``intra``: ``scalar_intra.ScalarIntra``) and ``G``, with ``Q K^T``
     formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
     and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). ``config``
     ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""
-    B, T, H, K = gram.kn.shape
+    B, T, H, K = intra.kn.shape
     HV, V = r.shape[2], r.shape[-1]
-    BV, num_warps, num_stages = config or (*output_config(V, gram.kn.dtype, sd is not None), 1)
+    BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)
     qed_scalar_output_kernel[(lay.grid[0] * triton.cdiv(V, BV), lay.grid[1])](
-        qn=gram.qn, kn=gram.kn, gc=gram.gc, b=x.b, cp=gram.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
+        qn=intra.qn, kn=intra.kn, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
         DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,

@@ -1,5 +1,5 @@
-r"""Scalar-gate path of ``qed_chunk``, stage 1: normalised keys and queries, Gram matrices and the
-erase scores, once per query/key head.
+r"""Scalar-gate path of ``qed_chunk``, the intra-chunk stage: normalised keys and queries and Gram
+matrices once per query/key head; per value head the erase scores, their inverse and ``W, U``.
 
 With a per-head decay ``g`` and a per-head erase gate ``b`` (``[B, T, HV]``: Gated DeltaNet's
 ``g`` and ``beta``) the erase vector of every arm is a per-row combination of two vectors::
@@ -16,13 +16,18 @@ multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``
 
 and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
 
-``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
-the chunk once, normalises them (stored in the products' dtype for the later stages, as fla's
-``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
-of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
-stages) and ``A_kk`` (state dtype, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e, d``
-and ``c``. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above
-the diagonal are zeroed before the exponential.
+``qed_scalar_intra_kernel`` (one program per chunk and query/key head) does the whole intra-chunk
+part: it loads the raw ``q, k`` of the chunk once, normalises them (stored in the products' dtype
+for the state scan and the output, as fla's ``l2norm`` kernel), forms ``K K^T`` and ``Q K^T``
+once, then for each of the ``HV / H`` value heads of its group: ``G`` (the decay's cumsum, stored
+per row), ``alpha, gamma``, ``A_kk``, its inverse ``Ai = (I + A_kk)^{-1}`` and the WY factors
+``W = Ai (a e^G)``, ``U = Ai (w v)`` (fla's ``wy_fast``), with ``a e^G`` built in registers from
+the normalised tiles already held; with probes also ``rho, e, d`` and ``c``. The inverse is
+``chunk_wy.chunk_inverse`` (forward substitution on the 16-row diagonal blocks, then block
+products), which reads ``A_kk`` from memory and writes ``Ai`` there: both go through a per-call
+scratch buffer that the program itself writes and reads back after a barrier (L2-resident), so
+``A_kk`` and ``Ai`` never need a launch of their own. Each exponent ``G_t - G_j`` (``j <= t``) is
+``<= 0`` for any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
 """
 from __future__ import annotations
 
@@ -32,23 +37,22 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_position, exp, load_tile, store_tile
+from .chunk_common import BC, BT, ChunkLayout, chunk_position, exp, load_tile, store_tile
 from .chunk_intra import DirectionInputs
+from .chunk_wy import WYFactors, store_u, chunk_inverse
 
 
 @dataclass(frozen=True)
-class ScalarGram:
-    """What the Gram stage writes: ``qn, kn`` ``[B, T, H, K]`` (normalised, products' dtype);
-    per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``), ``alpha, gamma``; ``akk``
-    ``[B, T, HV, BT]`` (state dtype). Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and
+class ScalarIntra:
+    """What the intra-chunk stage writes: ``qn, kn`` ``[B, T, H, K]`` (normalised, products'
+    dtype); ``gc`` (``G``) ``[B, T, HV]`` (state dtype); ``wy`` (``W`` ``[B, T, HV, K]``, ``U``
+    ``[B, T, HV, V]``, products' dtype). Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and
     ``d`` ``[B, T, HV, K]`` in the state dtype."""
 
     qn: torch.Tensor
     kn: torch.Tensor
     gc: torch.Tensor
-    alpha: torch.Tensor
-    gamma: torch.Tensor
-    akk: torch.Tensor
+    wy: WYFactors
     rho: torch.Tensor | None
     e: torch.Tensor | None
     c: torch.Tensor | None
@@ -85,15 +89,17 @@ def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["rho"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+    "W_HEAD": lambda args: args["w_gate"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
-def qed_scalar_gram_kernel(
-    q, k, g, b, lam, z, d_in,
-    qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out,
+def qed_scalar_intra_kernel(
+    q, k, v, g, b, w_gate, lam, z, d_in,
+    qn, kn, gc, akk, ai, w, u, rho, eig, cp, d_out,
     cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    BK: tl.constexpr, BVS: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+    DIR_PROJECTED: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PROBES: tl.constexpr, W_HEAD: tl.constexpr,
 ):
     i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
@@ -132,11 +138,19 @@ def qed_scalar_gram_kernel(
         b_al = b_b - b_l * c
         b_ga = b_l * bx if DIR_SOURCE != "none" else b_l * 0.
         tl.store(gc + p, G.to(gc.dtype.element_ty), mask=m_t)
-        tl.store(alpha + p, b_al.to(alpha.dtype.element_ty), mask=m_t)
-        tl.store(gamma + p, b_ga.to(gamma.dtype.element_ty), mask=m_t)
         dec = exp(tl.where(strict, G[:, None] - G[None, :], 0.))
         A = tl.where(strict, (b_al[:, None] * KK + b_ga[:, None] * XK) * dec, 0.)
+        # Ai = (I + A)^{-1} through the scratch rows of this chunk and value head
         store_tile(akk + i_hv * BT, A, rows, m_t, o_t, o_t < BT, HV * BT)
+        tl.debug_barrier()
+        chunk_inverse(akk + i_hv * BT, ai + i_hv * BT, bos + i_t * BT, eos, HV, BT, BC, DT, PREC)
+        tl.debug_barrier()
+        b_ai = tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
+                       mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(c_k.dtype)
+        ex = exp(G)
+        b_ag = (b_al * ex)[:, None] * b_k + (b_ga * ex)[:, None] * x
+        store_tile(w + i_hv * K, tl.dot(b_ai, b_ag.to(c_k.dtype), input_precision=PREC), rows, m_t, o_k, m_k, HV * K)
+        store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
         if PROBES:
             tl.store(rho + p, qk.to(rho.dtype.element_ty), mask=m_t)
             tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
@@ -144,33 +158,39 @@ def qed_scalar_gram_kernel(
             store_tile(d_out + i_hv * K, bx[:, None] * x - c[:, None] * b_k, rows, m_t, o_k, m_k, HV * K)
 
 
-def gram_warps(K: int) -> int:
-    """Warps of the Gram stage, by rule: 4 for key tiles up to 64 channels, 8 above (two
-    ``[64, K]`` tiles and two ``[64, 64]`` products per program)."""
+def intra_warps(K: int) -> int:
+    """Warps of the intra-chunk stage, by rule: 4 for key tiles up to 64 channels, 8 above (two
+    ``[64, K]`` tiles and two ``[64, 64]`` products per program, then per value head ``a e^G``
+    and the ``[64, K]`` product of ``W``)."""
     return 4 if triton.next_power_of_2(K) <= 64 else 8
 
 
-def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
-                    probes: bool, config: tuple[int, int] | None = None) -> ScalarGram:
-    """Launch ``qed_scalar_gram_kernel`` (grid: chunks x query/key heads) on per-head ``g`` and
-    ``x.b`` (``[B, T, HV]``). ``config`` ``(num_warps, num_stages)`` overrides the rule (for
-    screening)."""
-    num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
+def scalar_intra_fwd(x: DirectionInputs, v: torch.Tensor, g: torch.Tensor, w_gate: torch.Tensor, *,
+                     lay: ChunkLayout, inter_dtype: torch.dtype, probes: bool,
+                     config: tuple[int, int] | None = None) -> ScalarIntra:
+    """Launch ``qed_scalar_intra_kernel`` (grid: chunks x query/key heads) on per-head ``g`` and
+    ``x.b`` (``[B, T, HV]``), the values and the write gate (per head or per channel).
+    ``config`` ``(num_warps, num_stages)`` overrides the rule (for screening)."""
     B, T, H, K = x.q.shape
-    HV = g.shape[2]
+    HV, V = v.shape[2], v.shape[-1]
     dev, st = g.device, lay.state_dtype
+    num_warps, num_stages = config or (intra_warps(K), 1)
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
-    out = ScalarGram(qn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
-                     kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
-                     gc=row(), alpha=row(), gamma=row(), akk=torch.empty(B, T, HV, BT, device=dev, dtype=st),
-                     rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
-                     d=torch.empty(B, T, HV, K, device=dev, dtype=st) if probes else None)
-    qed_scalar_gram_kernel[(lay.grid[0], lay.grid[1] * H // HV)](
-        q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
-        qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=out.akk,
+    out = ScalarIntra(qn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
+                      kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype), gc=row(),
+                      wy=WYFactors(w=torch.empty(B, T, HV, K, device=dev, dtype=inter_dtype),
+                                   u=torch.empty(B, T, HV, V, device=dev, dtype=inter_dtype)),
+                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
+                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if probes else None)
+    akk = torch.empty(B, T, HV, BT, device=dev, dtype=st)
+    ai = torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype)
+    qed_scalar_intra_kernel[(lay.grid[0], lay.grid[1] * H // HV)](
+        q=x.q, k=x.k, v=v, g=g, b=x.b, w_gate=w_gate, lam=x.lam, z=x.z, d_in=x.d,
+        qn=out.qn, kn=out.kn, gc=out.gc, akk=akk, ai=ai, w=out.wy.w, u=out.wy.u,
         rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, BK=triton.next_power_of_2(K),
+        BVS=min(64, triton.next_power_of_2(V)), L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
     )
