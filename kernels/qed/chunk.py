@@ -62,9 +62,9 @@ from .chunk_common import ChunkLayout, chunk_layout, interpreting
 from .chunk_head import chunk_head_scores_fwd
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd, scalar_output_fwd
-from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd
+from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
 from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device
-from .scalar_intra import scalar_intra_fwd
+from .scalar_gram import scalar_gram_fwd
 
 Tensor = torch.Tensor
 
@@ -151,23 +151,25 @@ def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=
 
 def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: ChunkLayout, inter: torch.dtype,
                         initial_state, output_final_state: bool, return_probes: bool):
-    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), three launches: the intra-chunk stage
-    (``scalar_intra``: normalised ``q, k`` and Gram matrices once per query/key head; per value head
-    ``G``, ``A_kk``, its inverse and ``W, U``), the state scan (keys and decay per row) and the
-    output (``Q K^T`` formed there). Returns ``(o, final_state, probes)``."""
+    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), four launches: the Gram stage
+    (``scalar_gram``: normalised ``q, k`` and their Gram matrices once per query/key head; per value
+    head ``G``, the per-row ``alpha, gamma`` of the erase vector and ``(I + A_kk)^{-1}``), ``W, U``
+    (``chunk_wy.scalar_wy_fwd``: ``a e^G`` rebuilt from ``k_hat``, ``x`` and the row scalars), the
+    state scan (keys and decay per row) and the output (``Q K^T`` formed there). Returns ``(o,
+    final_state, probes)``."""
     dev, ct = v.device, P.compute_dtype
-    intra = scalar_intra_fwd(x, v.contiguous(), g.contiguous(), w.contiguous(), lay=lay, inter_dtype=inter,
-                             probes=return_probes)
+    gram = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=return_probes)
+    wy = scalar_wy_fwd(x, gram, v.contiguous(), w.contiguous(), gram.ai, lay=lay)
     hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
     r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    _float64_guard(P, lambda: chunk_state_fwd(lay, w=intra.wy.w, u=intra.wy.u, kg=intra.kn, gl=None, gc=intra.gc,
-                                              hs=hs, r=r, h0=h0, ht=ht, T=P.T, N=P.N))
+    _float64_guard(P, lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r,
+                                              h0=h0, ht=ht, T=P.T, N=P.N))
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
-    scalar_output_fwd(lay, x, intra, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
-    probes = {"rho": intra.rho, "d": intra.d, "Sd": sd, "e": intra.e} if return_probes else None
+    scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
+    probes = {"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e} if return_probes else None
     return o, ht, probes
 
 

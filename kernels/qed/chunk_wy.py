@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_position, gate_head, gate_tile, load_tile,
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_position, exp, gate_head, gate_tile, load_tile,
                            store_tile)
 
 WY_BKS = 32
@@ -95,15 +95,9 @@ def qed_inverse_kernel(
     IS_VARLEN: tl.constexpr,
 ):
     i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
-    chunk_inverse(akk + i_hv * BT, ai + i_hv * BT, bos + i_t * BT, eos, HV, BT, BC, DT, PREC)
-
-
-@triton.jit
-def chunk_inverse(akk, ai, c0, eos, HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
-                  PREC: tl.constexpr):
-    """``Ai = (I + A_kk)^{-1}`` of the chunk whose rows start at ``c0`` (``akk, ai`` moved to one
-    value head; row stride ``HV * BT``): reads the blocks of ``A_kk`` on and below the diagonal,
-    writes those of ``Ai`` (the algorithm in the module docstring)."""
+    c0 = bos + i_t * BT
+    akk += i_hv * BT
+    ai += i_hv * BT
     X = _inv_diag(akk, c0, eos, HV, BT, BC, DT)
     i00 = _block_of(X, 0, BT, BC)
     i11 = _block_of(X, 1, BT, BC)
@@ -115,12 +109,41 @@ def chunk_inverse(akk, ai, c0, eos, HV: tl.constexpr, BT: tl.constexpr, BC: tl.c
     k30 = _blk(akk, c0, eos, 3, 0, HV, BT, BC, DT)
     k31 = _blk(akk, c0, eos, 3, 1, HV, BT, BC, DT)
     k32 = _blk(akk, c0, eos, 3, 2, HV, BT, BC, DT)
+    i10, i20, i21, i30, i31, i32 = merge_blocks(i00, i11, i22, i33, k10, k20, k21, k30, k31, k32, PREC)
+    store_inverse(ai, c0, eos, i00, i10, i11, i20, i21, i22, i30, i31, i32, i33, HV, BT, BC)
+
+
+@triton.jit
+def diagonal_inverse(A, BC: tl.constexpr):
+    """``(I + A)^{-1}`` of one strictly lower ``[BC, BC]`` block held in registers, by forward
+    substitution: row ``i`` of ``N = (I + A)^{-1} - I`` is ``-A_i - sum_{m<i} A_im N_m``, each
+    row extracted from the tile by a masked reduction (as fla's fused solve)."""
+    o_c = tl.arange(0, BC)
+    N = -A
+    for i in range(2, BC):
+        a = tl.where(o_c < i, tl.sum(tl.where((o_c == i)[:, None], -A, 0.), 0), 0.)
+        N = tl.where((o_c == i)[:, None], (a + tl.sum(a[:, None] * N, 0))[None, :], N)
+    return N + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
+
+
+@triton.jit
+def merge_blocks(i00, i11, i22, i33, k10, k20, k21, k30, k31, k32, PREC: tl.constexpr):
+    """The off-diagonal blocks of ``(I + A)^{-1}`` from the inverted diagonal blocks ``iJJ`` and
+    the blocks ``kIJ`` of ``A``: ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``."""
     i10 = -_mm(i11, _mm(k10, i00, PREC), PREC)
     i21 = -_mm(i22, _mm(k21, i11, PREC), PREC)
     i32 = -_mm(i33, _mm(k32, i22, PREC), PREC)
     i20 = -_mm(i22, _mm(k20, i00, PREC) + _mm(k21, i10, PREC), PREC)
     i31 = -_mm(i33, _mm(k31, i11, PREC) + _mm(k32, i21, PREC), PREC)
     i30 = -_mm(i33, _mm(k30, i00, PREC) + _mm(k31, i10, PREC) + _mm(k32, i20, PREC), PREC)
+    return i10, i20, i21, i30, i31, i32
+
+
+@triton.jit
+def store_inverse(ai, c0, eos, i00, i10, i11, i20, i21, i22, i30, i31, i32, i33, HV: tl.constexpr, BT: tl.constexpr,
+                  BC: tl.constexpr):
+    """Store the ten blocks on and below the diagonal of a chunk's ``(I + A)^{-1}`` (rows from
+    ``c0``, ``ai`` moved to one value head, row stride ``HV * BT``)."""
     _set(ai, i00, c0, eos, 0, 0, HV, BT, BC)
     _set(ai, i10, c0, eos, 1, 0, HV, BT, BC)
     _set(ai, i11, c0, eos, 1, 1, HV, BT, BC)
@@ -210,5 +233,65 @@ def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: to
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BKS=min(WY_HEAD_SLICE if head_w else WY_BKS, triton.next_power_of_2(K)),
         BVS=min(WY_HEAD_SLICE if head_w else WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_WARPS, num_stages=1,
+    )
+    return out
+
+
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "W_HEAD": lambda args: args["w_gate"].dim() == 3,
+})
+@triton.jit(do_not_specialize=["T"])
+def qed_scalar_wy_kernel(
+    qn, kn, z, d_in, gc, alpha, gamma, v, w_gate, ai, w, u,
+    cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
+    BVS: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    W_HEAD: tl.constexpr,
+):
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    rows = bos + i_t * BT + o_t
+    m_t = rows < eos
+    b_ai = tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
+                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(kn.dtype.element_ty)
+    p = rows * HV + i_hv
+    ex = exp(tl.load(gc + p, mask=m_t, other=0.).to(DT))
+    b_al = tl.load(alpha + p, mask=m_t, other=0.).to(DT) * ex
+    b_ga = tl.load(gamma + p, mask=m_t, other=0.).to(DT) * ex
+    for i_k in range(tl.cdiv(K, BKS)):
+        cols, m_c = channel_slice(i_k, BKS, K)
+        b_ag = b_al[:, None] * load_tile(kn + i_h * K, rows, m_t, cols, m_c, H * K, DT)
+        if DIR_SOURCE == "q":
+            b_ag += b_ga[:, None] * load_tile(qn + i_h * K, rows, m_t, cols, m_c, H * K, DT)
+        elif DIR_SOURCE == "z":
+            b_ag += b_ga[:, None] * tl.load(z + i_hv * K + cols, mask=m_c, other=0.).to(DT)[None, :]
+        elif DIR_SOURCE == "d":
+            b_ag += b_ga[:, None] * load_tile(d_in + i_hv * K, rows, m_t, cols, m_c, HV * K, DT)
+        store_tile(w + i_hv * K, tl.dot(b_ai, b_ag.to(b_ai.dtype), input_precision=PREC), rows, m_t, cols, m_c,
+                   HV * K)
+    store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
+
+
+def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *, lay: ChunkLayout,
+                  config: tuple[int, int, int] | None = None) -> WYFactors:
+    """Launch ``qed_scalar_wy_kernel`` (grid: chunks x value heads): ``W = Ai (a e^G)`` with the
+    erase vector ``a = alpha k_hat + gamma x`` built from the Gram stage's normalised keys
+    (queries), its per-row ``alpha, gamma, G`` and the arm's direction source in ``x``
+    (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
+    ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
+    B, T, H, K = gram.kn.shape
+    bs, num_warps, num_stages = config or (WY_HEAD_SLICE, WY_WARPS, 1)
+    HV, V = v.shape[2], v.shape[-1]
+    out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=gram.kn.dtype),
+                    u=torch.empty(B, T, HV, V, device=v.device, dtype=gram.kn.dtype))
+    qed_scalar_wy_kernel[lay.grid](
+        qn=gram.qn, kn=gram.kn, z=x.z, d_in=x.d, gc=gram.gc, alpha=gram.alpha, gamma=gram.gamma,
+        v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BKS=min(bs, triton.next_power_of_2(K)),
+        BVS=min(bs, triton.next_power_of_2(V)), DIR_SOURCE=x.flags["DIR_SOURCE"], DT=lay.DT,
+        PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
     )
     return out
