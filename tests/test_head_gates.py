@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from qedprobe.kernels.qed import ARMS, qed_chunk, qed_chunk_torch, qed_naive, qed_recurrent
+from qedprobe.kernels.qed import chunk as chunk_mod
 from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, z_for
 
 F64 = torch.float64
@@ -65,6 +66,74 @@ def test_triton_ops(arm):
     ref = qed_naive(*args(wide), **kw)
     assert_outputs_close(qed_chunk(*args(x), **kw), ref, atol=1e-10)
     assert_outputs_close(qed_recurrent(*args(x), **kw), ref, atol=1e-10)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_scalar_gate_path_every_arm(arm, monkeypatch):
+    """With ``g`` and ``b`` per head, qed_chunk takes the scalar-gate path (Gram matrices once per
+    q/k head, the erase vector rebuilt from per-row scalars) and matches float64 qed_naive on the
+    broadcast gates: every arm and probe, grouped heads (m = 2), packed sequences, both states."""
+    seen = []
+    monkeypatch.setattr(chunk_mod, "scalar_gate_forward", _spy(chunk_mod.scalar_gate_forward, seen))
+    x, wide = head_case("gdn", 20 + ARMS.index(arm))
+    kw = options(arm, 20 + ARMS.index(arm))
+    assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(wide), **kw), atol=1e-10)
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("case", ["one value head per q/k head", "three per q/k head", "given d", "w per channel",
+                                  "no qk norm", "float32"])
+def test_scalar_gate_path_variants(case):
+    """The scalar-gate path against float64 qed_naive beyond the arms: group sizes 1 and 3 (K not a
+    power of two), a given direction ``d`` (its own ``D K^T``), a per-channel write gate, no qk
+    L2 norm, float32 inputs (tf32x3 products)."""
+    H_, HV_ = {"one value head per q/k head": (3, 3), "three per q/k head": (1, 3)}.get(case, (2, 4))
+    x = grouped_inputs(B=2, T=45, H=H_, HV=HV_, K=24, V=8, seed=31, lam_token=True)
+    x["g"], x["b"] = x["g"][..., 0], x["b"][..., 0]
+    if case != "w per channel":
+        x["w"] = x["w"][..., 0]
+    kw = dict(arm="full", output_final_state=True, return_probes=True,
+              initial_state=torch.randn(2, HV_, 24, 8, dtype=F64, generator=torch.Generator().manual_seed(3)))
+    if case == "given d":
+        kw["d"] = torch.randn(2, 45, HV_, 24, dtype=F64, generator=torch.Generator().manual_seed(4))
+    if case == "no qk norm":
+        kw["use_qk_l2norm"] = False
+        x["k"] = x["k"] / x["k"].norm(dim=-1, keepdim=True)
+    ref = qed_naive(*args(x), **kw)
+    if case == "float32":
+        x = {n: t.float() for n, t in x.items()}
+        kw["initial_state"] = kw["initial_state"].float()
+    o, s, p = qed_chunk(*args(x), **kw)
+    got = (o.double(), s.double(), {n: t.double() for n, t in p.items()})
+    assert_outputs_close(got, ref, atol=2e-5 if case == "float32" else 1e-10)
+    if case == "given d":
+        torch.testing.assert_close(got[2]["d"], kw["d"], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("op", [qed_naive, qed_chunk_torch, qed_chunk, qed_recurrent])
+def test_probe_subset(op):
+    """``return_probes`` given as names returns exactly those probes, equal to the full request's;
+    ``e`` alone; an unknown name or a bare string is a ValueError naming the argument."""
+    x, _ = head_case("gdn", 5)
+    full = op(*args(x), arm="full", return_probes=True)[2]
+    some = op(*args(x), arm="full", return_probes=("Sd", "e"))[2]
+    assert list(some) == ["Sd", "e"]
+    for name in some:
+        torch.testing.assert_close(some[name], full[name], atol=0, rtol=0)
+    assert list(op(*args(x), arm="full", return_probes=["e"])[2]) == ["e"]
+    assert op(*args(x), arm="full", return_probes=())[2] is None
+    with pytest.raises(ValueError, match=r"`return_probes` names unknown probes \['S'\]"):
+        op(*args(x), arm="full", return_probes=("S", "e"))
+    with pytest.raises(ValueError, match="`return_probes` must be a bool or a collection of probe names"):
+        op(*args(x), arm="full", return_probes="e")
+
+
+def _spy(fn, calls):
+    """``fn`` recording each call in ``calls``."""
+    def spy(*a, **kw):
+        calls.append(1)
+        return fn(*a, **kw)
+    return spy
 
 
 def test_differentiable_chunk_falls_back_to_channel_gates():

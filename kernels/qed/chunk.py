@@ -63,7 +63,7 @@ from .chunk_head import chunk_head_scores_fwd
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd, scalar_output_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
-from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device
+from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device, probe_request
 from .scalar_gram import scalar_gram_fwd
 
 Tensor = torch.Tensor
@@ -150,16 +150,15 @@ def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=
 
 
 def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: ChunkLayout, inter: torch.dtype,
-                        initial_state, output_final_state: bool, return_probes: bool):
-    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), four launches: the Gram stage
-    (``scalar_gram``: normalised ``q, k`` and their Gram matrices once per query/key head; per value
-    head ``G``, the per-row ``alpha, gamma`` of the erase vector and ``(I + A_kk)^{-1}``), ``W, U``
-    (``chunk_wy.scalar_wy_fwd``: ``a e^G`` rebuilt from ``k_hat``, ``x`` and the row scalars), the
-    state scan (keys and decay per row) and the output (``Q K^T`` formed there). Returns ``(o,
-    final_state, probes)``."""
+                        initial_state, output_final_state: bool, want: tuple[str, ...]):
+    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), five launches: the Gram stage
+    (``scalar_gram``: normalised ``q, k``, ``G``, the per-row ``alpha, gamma`` of the erase vector
+    and ``A_kk``, once per query/key head), the block inverse, ``W, U``, the state scan (keys and
+    decay per row) and the output (``Q K^T`` formed there). Returns ``(o, final_state, probes)``."""
     dev, ct = v.device, P.compute_dtype
-    gram = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=return_probes)
-    wy = scalar_wy_fwd(x, gram, v.contiguous(), w.contiguous(), gram.ai, lay=lay)
+    gram = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=bool(want), direction="d" in want)
+    ai = chunk_inverse_fwd(gram.akk, lay=lay, out_dtype=inter)
+    wy = scalar_wy_fwd(x, gram, v.contiguous(), w.contiguous(), ai, lay=lay)
     hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
     r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
@@ -167,36 +166,35 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     _float64_guard(P, lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r,
                                               h0=h0, ht=ht, T=P.T, N=P.N))
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
-    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
+    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
     scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
-    probes = {"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e} if return_probes else None
-    return o, ht, probes
+    every = {"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e}
+    return o, ht, {name: every[name] for name in want} if want else None
 
 
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
              use_qk_l2norm, cu_seqlens):
     """The forward launches (no autograd): ``(o, final_state, probes, intra)`` (``intra`` None on
     the scalar-gate path, which has no backward)."""
+    want = probe_request("qed_chunk", return_probes)
     inter, prec = chunk_precision(P, q, k, v, b, w)
     lay = chunk_layout(P, cu_seqlens, q.device, prec)
     x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
     if P.head_g and P.head_b:
         return (*scalar_gate_forward(P, x, v, g, w, lay=lay, inter=inter, initial_state=initial_state,
-                                     output_final_state=output_final_state, return_probes=bool(return_probes)), None)
+                                     output_final_state=output_final_state, want=want), None)
     intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
-                            inter=inter, probes=bool(return_probes))
+                            inter=inter, probes=bool(want))
     ct, dev = P.compute_dtype, q.device
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
-    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if return_probes else None
+    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if want else None
     h0 = initial_state.contiguous() if initial_state is not None else None
     hs, r = run_scan(P, lay, intra, h0=h0, ht=ht)
     chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o,
-                     dg=intra.prep.dg if return_probes else None, adk=intra.adk, sd=sd)
-    probes = None
-    if return_probes:
-        probes = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
-    return o, ht, probes, intra
+                     dg=intra.prep.dg if want else None, adk=intra.adk, sd=sd)
+    every = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
+    return o, ht, {name: every[name] for name in want} if want else None, intra
 
 
 class _QEDChunkFunction(torch.autograd.Function):
@@ -267,7 +265,8 @@ def qed_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, 
 
     Returns:
         ``(o, final_state, probes)``: ``o`` ``[B, T, HV, V]`` in ``v``'s dtype, the final state
-        ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}``
+        ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}`` (or the
+        named ones)
         (per value head) in the state dtype (float32; float64 for float64 inputs).
 
     Differentiable (Triton backward, ``chunk_bwd.py``) when grad mode is on and any of ``q, k,

@@ -354,8 +354,8 @@ def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tupl
 def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=None,
                       config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: chunks x value blocks, value heads) of the
-    scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the intra-chunk stage's
-    normalised queries and keys (``intra``: ``scalar_intra.ScalarIntra``) and ``G``, with ``Q K^T``
+    scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the Gram stage's
+    normalised queries and keys (``intra``: ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T``
     formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
     and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). ``config``
     ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""

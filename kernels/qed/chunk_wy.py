@@ -34,6 +34,9 @@ WY_BVS = 32
 WY_HEAD_SLICE = 64
 """Key and value slices of the W/U kernel for a per-head write gate (``[B, T, HV]``: one scalar
 per row): ``[64, 64]`` tiles, faster there than 32 on an H100 (docs/BENCHMARKS.md)."""
+SCALAR_WY_SLICE = 128
+"""Key and value slices of the scalar-gate W/U kernel: ``[64, 128]`` tiles (the whole axis at
+K = V = 128), faster on an H100 than 64 at 1 x 32K tokens and equal at 8 x 4K (docs/BENCHMARKS.md)."""
 WY_WARPS = 4
 INVERSE_WARPS = 1
 """Warps of the two kernels, by rule (no autotuning). The inverse runs in one warp: its forward
@@ -109,41 +112,12 @@ def qed_inverse_kernel(
     k30 = _blk(akk, c0, eos, 3, 0, HV, BT, BC, DT)
     k31 = _blk(akk, c0, eos, 3, 1, HV, BT, BC, DT)
     k32 = _blk(akk, c0, eos, 3, 2, HV, BT, BC, DT)
-    i10, i20, i21, i30, i31, i32 = merge_blocks(i00, i11, i22, i33, k10, k20, k21, k30, k31, k32, PREC)
-    store_inverse(ai, c0, eos, i00, i10, i11, i20, i21, i22, i30, i31, i32, i33, HV, BT, BC)
-
-
-@triton.jit
-def diagonal_inverse(A, BC: tl.constexpr):
-    """``(I + A)^{-1}`` of one strictly lower ``[BC, BC]`` block held in registers, by forward
-    substitution: row ``i`` of ``N = (I + A)^{-1} - I`` is ``-A_i - sum_{m<i} A_im N_m``, each
-    row extracted from the tile by a masked reduction (as fla's fused solve)."""
-    o_c = tl.arange(0, BC)
-    N = -A
-    for i in range(2, BC):
-        a = tl.where(o_c < i, tl.sum(tl.where((o_c == i)[:, None], -A, 0.), 0), 0.)
-        N = tl.where((o_c == i)[:, None], (a + tl.sum(a[:, None] * N, 0))[None, :], N)
-    return N + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
-
-
-@triton.jit
-def merge_blocks(i00, i11, i22, i33, k10, k20, k21, k30, k31, k32, PREC: tl.constexpr):
-    """The off-diagonal blocks of ``(I + A)^{-1}`` from the inverted diagonal blocks ``iJJ`` and
-    the blocks ``kIJ`` of ``A``: ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ``."""
     i10 = -_mm(i11, _mm(k10, i00, PREC), PREC)
     i21 = -_mm(i22, _mm(k21, i11, PREC), PREC)
     i32 = -_mm(i33, _mm(k32, i22, PREC), PREC)
     i20 = -_mm(i22, _mm(k20, i00, PREC) + _mm(k21, i10, PREC), PREC)
     i31 = -_mm(i33, _mm(k31, i11, PREC) + _mm(k32, i21, PREC), PREC)
     i30 = -_mm(i33, _mm(k30, i00, PREC) + _mm(k31, i10, PREC) + _mm(k32, i20, PREC), PREC)
-    return i10, i20, i21, i30, i31, i32
-
-
-@triton.jit
-def store_inverse(ai, c0, eos, i00, i10, i11, i20, i21, i22, i30, i31, i32, i33, HV: tl.constexpr, BT: tl.constexpr,
-                  BC: tl.constexpr):
-    """Store the ten blocks on and below the diagonal of a chunk's ``(I + A)^{-1}`` (rows from
-    ``c0``, ``ai`` moved to one value head, row stride ``HV * BT``)."""
     _set(ai, i00, c0, eos, 0, 0, HV, BT, BC)
     _set(ai, i10, c0, eos, 1, 0, HV, BT, BC)
     _set(ai, i11, c0, eos, 1, 1, HV, BT, BC)
@@ -195,11 +169,11 @@ def qed_wy_kernel(
         cols, m_c = channel_slice(i_k, BKS, K)
         b_ag = tl.load(ag + off + rows[:, None] * (HV * K) + cols[None, :], mask=m_t[:, None] & m_c[None, :], other=0.)
         store_tile(w + off, tl.dot(b_ai, b_ag, input_precision=PREC), rows, m_t, cols, m_c, HV * K)
-    store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
+    _store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
 
 
 @triton.jit
-def store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV: tl.constexpr, V: tl.constexpr, BVS: tl.constexpr,
+def _store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV: tl.constexpr, V: tl.constexpr, BVS: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr, W_HEAD: tl.constexpr):
     """``U = Ai (w v)`` of one chunk and value head, in value slices of ``BVS`` (the products in
     ``b_ai``'s dtype)."""
@@ -271,7 +245,7 @@ def qed_scalar_wy_kernel(
             b_ag += b_ga[:, None] * load_tile(d_in + i_hv * K, rows, m_t, cols, m_c, HV * K, DT)
         store_tile(w + i_hv * K, tl.dot(b_ai, b_ag.to(b_ai.dtype), input_precision=PREC), rows, m_t, cols, m_c,
                    HV * K)
-    store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
+    _store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
 
 
 def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *, lay: ChunkLayout,
@@ -282,7 +256,7 @@ def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tens
     (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
     ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
     B, T, H, K = gram.kn.shape
-    bs, num_warps, num_stages = config or (WY_HEAD_SLICE, WY_WARPS, 1)
+    bs, num_warps, num_stages = config or (SCALAR_WY_SLICE, WY_WARPS, 1)
     HV, V = v.shape[2], v.shape[-1]
     out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=gram.kn.dtype),
                     u=torch.empty(B, T, HV, V, device=v.device, dtype=gram.kn.dtype))

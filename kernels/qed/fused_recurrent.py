@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .arms import direction_flags
-from .inputs import QEDOutput, check_qed_inputs, on_input_device
+from .inputs import QEDOutput, check_qed_inputs, on_input_device, probe_request
 
 Tensor = torch.Tensor
 
@@ -251,8 +251,9 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
     final_state = None
     if output_final_state:
         final_state = initial_state if inplace_final_state else q.new_empty(P.N, HV, K, V, dtype=ct)
+    want = probe_request("qed_recurrent", return_probes)
     probes = None
-    if return_probes:
+    if want:
         probes = {"rho": q.new_empty(B, T, HV, dtype=ct), "d": q.new_empty(B, T, HV, K, dtype=ct),
                   "Sd": q.new_empty(B, T, HV, V, dtype=ct), "e": q.new_empty(B, T, HV, dtype=ct)}
     BV, num_warps = block_config
@@ -266,7 +267,7 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
         **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
         DT=tl.float64 if ct == torch.float64 else tl.float32, num_warps=num_warps,
     )
-    return o, final_state, probes
+    return o, final_state, probes and {name: probes[name] for name in want}
 
 
 @on_input_device

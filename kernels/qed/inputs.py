@@ -41,6 +41,26 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 QEDOutput = tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]
 """What every QED op returns: ``(o, final_state, probes)``, ``None`` for what was not asked."""
 
+PROBE_NAMES = ("rho", "d", "Sd", "e")
+"""The per-token probes an op can return, in the order of its ``probes`` dict."""
+
+
+def probe_request(op: str, return_probes) -> tuple[str, ...]:
+    """The probes one call asks for, in :data:`PROBE_NAMES` order: all of them for ``True``, none
+    for ``False`` or ``None``, or the named ones (a collection of names, e.g. ``("e", "Sd")``, so
+    that an op writes only what is looked at: ``d`` and ``Sd`` are ``[B, T, HV, K]`` /
+    ``[B, T, HV, V]`` in the state dtype)."""
+    if return_probes is None or isinstance(return_probes, bool):
+        return PROBE_NAMES if return_probes else ()
+    if not isinstance(return_probes, (tuple, list, set, frozenset)) or not all(isinstance(n, str) for n in return_probes):
+        raise ValueError(f"{op}: `return_probes` must be a bool or a collection of probe names from "
+                         f"{PROBE_NAMES}, got {return_probes!r}")
+    unknown = sorted(set(return_probes) - set(PROBE_NAMES))
+    if unknown:
+        raise ValueError(f"{op}: `return_probes` names unknown probes {unknown}; expected names from {PROBE_NAMES}")
+    return tuple(n for n in PROBE_NAMES if n in set(return_probes))
+
+
 _VALUE_CHECKS = contextvars.ContextVar("qedprobe_value_checks", default=False)
 
 

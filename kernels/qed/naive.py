@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .arms import erase_direction, erase_vector
-from .inputs import QEDOutput, check_qed_inputs
+from .inputs import QEDOutput, check_qed_inputs, probe_request
 
 Tensor = torch.Tensor
 
@@ -104,7 +104,8 @@ def qed_naive(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, 
         initial_state: ``[N, HV, K, V]`` (N = B, or the number of packed sequences), in the
             state dtype.
         output_final_state: return the final ``[N, HV, K, V]`` state.
-        return_probes: return ``{"rho": [B,T,HV], "d": [B,T,HV,K], "Sd": [B,T,HV,V], "e": [B,T,HV]}``.
+        return_probes: ``True`` to return ``{"rho": [B,T,HV], "d": [B,T,HV,K], "Sd": [B,T,HV,V],
+            "e": [B,T,HV]}``, or a collection of those names for only them (``inputs.probe_request``).
         use_qk_l2norm: L2-normalise ``q`` and ``k`` inside the op (as fla's ``use_qk_l2norm_in_kernel``).
         cu_seqlens: ``[N + 1]`` offsets of packed sequences (requires ``B == 1``).
 
@@ -127,6 +128,7 @@ def run_scan(op, scan, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state
     """
     P = check_qed_inputs(op, q, k, v, g, b, w, lam, arm=arm, z=z, d=d, scale=scale,
                          initial_state=initial_state, cu_seqlens=cu_seqlens)
+    want = probe_request(op, return_probes)
     ct = P.compute_dtype
     g, b, w = channel_gates(g, b, w, P)
     q, k, lam, d, a = prepare_qed(q, k, b, lam, arm, z, d, use_qk_l2norm, P)
@@ -134,17 +136,18 @@ def run_scan(op, scan, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_state
     if initial_state is None:
         initial_state = torch.zeros(P.N, P.HV, P.K, P.V, dtype=ct, device=q.device)
     if cu_seqlens is None:
-        o, final_state, sd = scan(q, k, wv, g, a, d, P.scale, initial_state, return_probes)
+        o, final_state, sd = scan(q, k, wv, g, a, d, P.scale, initial_state, "Sd" in want)
     else:
         parts = []
         for n, (_, bos, eos) in enumerate(P.seq_bounds):
             span = lambda x: x[:, bos:eos]  # noqa: E731
             parts.append(scan(span(q), span(k), span(wv), span(g), span(a), span(d), P.scale,
-                              initial_state[n:n + 1], return_probes))
+                              initial_state[n:n + 1], "Sd" in want))
         o = torch.cat([part[0] for part in parts], 1)
         final_state = torch.cat([part[1] for part in parts], 0)
-        sd = torch.cat([part[2] for part in parts], 1) if return_probes else None
+        sd = torch.cat([part[2] for part in parts], 1) if "Sd" in want else None
     probes = None
-    if return_probes:
-        probes = {"rho": (q * k).sum(-1), "d": d, "Sd": sd, "e": 1 - (a * k).sum(-1)}
+    if want:
+        every = {"rho": lambda: (q * k).sum(-1), "d": lambda: d, "Sd": lambda: sd, "e": lambda: 1 - (a * k).sum(-1)}
+        probes = {name: every[name]() for name in want}
     return o.to(v.dtype), final_state if output_final_state else None, probes

@@ -131,11 +131,9 @@ class HookedRecurrence(nn.Module):
         g = _gate_through(self.hook_g, g, K)
         lam = through(self.hook_lambda, lam, (H,), (B, T, H))
         d = self._direction(q, k, b, arm, z)
-        probe_hooks = self.probe_hooks()
-        want_probes = any(hook.has_hooks(dir="fwd") for hook in probe_hooks.values())
+        hooked = {name: hook for name, hook in self.probe_hooks().items() if hook.has_hooks(dir="fwd")}
         o, state, probes = qed_attention(q, k, v, g, b, w, lam, mode=mode, arm=arm, z=z, d=d,
-                                         return_probes=want_probes, use_qk_l2norm=use_qk_l2norm, **op_kwargs)
-        if want_probes:
-            for name, hook in probe_hooks.items():
-                observe(hook, probes[name])
+                                         return_probes=tuple(hooked), use_qk_l2norm=use_qk_l2norm, **op_kwargs)
+        for name, hook in hooked.items():
+            observe(hook, probes[name])
         return through(self.hook_o, o), state
