@@ -5,8 +5,9 @@ ptxas Triton itself uses for sm_90) and print shared memory, registers and spill
 
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
-``--warps``), or with ``--head`` as it launches them for per-head gates (``g, b, w`` ``[B, T, HV]``: the
-prep, W/U and state scan with their per-head switches, and ``chunk_head``'s scores kernel); ``bwd``: the backward's prep (with the ``HATS`` its scores kernel loads) and the five backward
+``--warps``), or with ``--head`` the five of the scalar-gate path (``g, b, w`` ``[B, T, HV]``: Gram, inverse,
+W/U, state scan with the decay per row, output; 16 q/k heads and 32 value heads); ``bwd``: the backward's prep
+(with the ``HATS`` its scores kernel loads) and the five backward
 kernels the same way (bf16 inputs, or ``--fp32``). Every pointer is taken 16-byte aligned, as the
 JIT specializes a launch on torch's tensors (without it the loads and stores are compiled scalar and
 the register figures are not the device's). It reproduced the device's shared-memory figure
@@ -31,7 +32,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from qedprobe.kernels.qed import chunk_head, chunk_intra, chunk_wy
+from qedprobe.kernels.qed import chunk_intra, chunk_wy, scalar_gram
 from qedprobe.kernels.qed.chunk_bwd_intra import (DG_BWD_BKS, DG_BWD_WARPS, SCORES_BWD_BKS, SCORES_BWD_WARPS,
                                                    WY_BWD_BKS, WY_BWD_BVS, WY_BWD_WARPS, qed_bwd_dg_kernel,
                                                    qed_bwd_scores_kernel, qed_bwd_wy_kernel)
@@ -40,7 +41,8 @@ from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS
 from qedprobe.kernels.qed.chunk_common import BC, BT
 from forward_traffic import H200_SMS
 from qedprobe.kernels.qed import chunk_scan
-from qedprobe.kernels.qed.chunk_scan import output_config, qed_output_kernel, qed_state_kernel, state_config
+from qedprobe.kernels.qed.chunk_scan import (output_config, qed_output_kernel, qed_scalar_output_kernel, qed_state_kernel,
+                                             scalar_output_config, state_config)
 
 TGT = GPUTarget("cuda", 90, 32)
 FULL = {"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}  # arm "full"
@@ -83,10 +85,9 @@ def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 
     return info
 
 
-def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int | None, head: bool = False):
+def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int | None):
     """``qed_prep_kernel`` as the forward (``hats`` off) or the backward's rerun (``hats`` on,
-    probes off) launches it; ``io`` the inputs' and intermediates' type string; ``head``: per-head
-    ``g`` and ``b``."""
+    probes off) launches it; ``io`` the inputs' and intermediates' type string."""
     opt = lambda on, **kw: kw if on else {}  # noqa: E731
     absent = lambda on, *names: {} if on else {n: None for n in names}  # noqa: E731
     compile_(chunk_intra.qed_prep_kernel,
@@ -96,45 +97,37 @@ def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int |
                   **opt(hats, qs="*fp32", kh="*fp32", a_out="*fp32")),
              dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
                   chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
-                  PROBES=probes, HATS=hats, G_HEAD=head, B_HEAD=head, **absent(probes, "dg", "rho", "eig", "d_out"),
+                  PROBES=probes, HATS=hats, B_HEAD=False, **absent(probes, "dg", "rho", "eig", "d_out"),
                   **absent(hats, "qs", "kh", "a_out")),
              warps or chunk_intra.PREP_WARPS, maxnreg=chunk_intra.prep_maxnreg(probes, hats))
 
 
 def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None, scores_bks: int | None = None,
-            fp32: bool = False, head: bool = False):
+            fp32: bool = False):
     """The forward kernels as ``qed_chunk`` launches them for bf16 inputs (intermediate buffers bf16,
-    tf32 products) or, with ``fp32``, float32 inputs (float32 buffers, tf32x3); float32 state;
-    ``head``: for per-head gates."""
+    tf32 products) or, with ``fp32``, float32 inputs (float32 buffers, tf32x3); float32 state."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
-    print(f"--- forward, {io} inputs, float32 state, probes {probes}, K={K} V={V}{', per-head gates' if head else ''}")
+    print(f"--- forward, {io} inputs, float32 state, probes {probes}, K={K} V={V}")
     opt = lambda name, t: {name: t} if probes else {}  # noqa: E731
     absent = lambda *names: {} if probes else {n: None for n in names}  # noqa: E731
     common = dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
                   chunk_indices=None, z=None, d_in=None)
     dirs = {"DIR_SOURCE": FULL["DIR_SOURCE"], "DIR_GATED": FULL["DIR_GATED"]}
     inputs = dict(q=f"*{io}", k=f"*{io}", b=f"*{io}", lam="*fp32", T="i32")
-    compile_prep(io, K, H, probes, hats=False, warps=warps, head=head)
+    compile_prep(io, K, H, probes, hats=False, warps=warps)
     scores_types = dict(inputs, gc="*fp32", rq="*fp32", rk="*fp32", cp="*fp32", aqk=f"*{io}", akk="*fp32",
                         scale="fp32", **opt("adk", f"*{io}"))
-    if head:
-        bks, head_warps = chunk_head.head_scores_config(K, probes, torch.float32)
-        compile_(chunk_head.qed_head_scores_kernel, scores_types,
-                 dict(common, **dirs, BKS=scores_bks or bks, PREC=prec, PROBES=probes, B_HEAD=True, **absent("adk")),
-                 warps or head_warps)
-    else:
-        compile_(chunk_intra.qed_scores_kernel, scores_types,
-                 dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
-                      SPAN=chunk_intra.SPAN_MAX, PROBES=probes, B_HEAD=False, **absent("adk")),
-                 warps or chunk_intra.SCORES_WARPS)
+    compile_(chunk_intra.qed_scores_kernel, scores_types,
+             dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
+                  SPAN=chunk_intra.SPAN_MAX, PROBES=probes, B_HEAD=False, **absent("adk")),
+             warps or chunk_intra.SCORES_WARPS)
     if not probes:  # the inverse and W/U kernels do not depend on the probes
         compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
                  dict(HV=H, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_wy_kernel,
                  dict(ag=f"*{io}", v=f"*{io}", w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
-                 dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_HEAD_SLICE if head else chunk_wy.WY_BKS, K),
-                      BVS=min(chunk_wy.WY_HEAD_SLICE if head else chunk_wy.WY_BVS, V), W_HEAD=head,
+                 dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_BKS, K), BVS=min(chunk_wy.WY_BVS, V), W_HEAD=False,
                       DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
                  warps or chunk_wy.WY_WARPS)
     dtype = torch.float32 if fp32 else torch.bfloat16
@@ -144,13 +137,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
     configs = {state_config(K, V, dtype, scans=n, sm_count=H200_SMS) for n in (1 << 20, 1)} if not probes else ()
     for BV, nw, stages in sorted(configs):
         print(f"BV={BV:<3d}", end=" ")
-        compile_(qed_state_kernel,
-                 dict(w=f"*{io}", u=f"*{io}", kg=f"*{io}", gl="*fp32", h0="*fp32", hs=f"*{io}", r=f"*{io}",
-                      ht="*fp32", T="i32"),
-                 dict(HV=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DT=tl.float32, PREC=prec, WHILE_LOOP=False,
-                      USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, G_HEAD=head, cu_seqlens=None,
-                      chunk_offsets=None),
-                 warps or nw, stages)
+        compile_state(io, prec, H, H, K, V, BV, warps or nw, stages, row_decay=False)
     out_bv, out_warps = output_config(V, dtype, probes)
     compile_(qed_output_kernel,
              dict(qg=f"*{io}", aqk=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32", **opt("dg", f"*{io}"),
@@ -158,6 +145,60 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
              dict(HV=H, K=K, V=V, BT=BT, BK=min(chunk_scan.OUTPUT_KEY_BLOCK, BK), BV=out_bv, PREC=prec,
                   PROBES=probes, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None, **absent("dg", "adk", "sd")),
              warps or out_warps, chunk_scan.OUTPUT_STAGES)
+
+
+def compile_state(io: str, prec: str, H: int, HV: int, K: int, V: int, BV: int, warps: int, stages: int, *,
+                  row_decay: bool):
+    """``qed_state_kernel`` at one configuration: per-channel decay (``kg, gl`` per value head) or,
+    with ``row_decay``, the scalar-gate path's (keys of the q/k head, ``G`` per row)."""
+    keys = dict(kg=f"*{io}", gc="*fp32") if row_decay else dict(kg=f"*{io}", gl="*fp32")
+    compile_(qed_state_kernel,
+             dict(w=f"*{io}", u=f"*{io}", h0="*fp32", hs=f"*{io}", r=f"*{io}", ht="*fp32", T="i32", **keys),
+             dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=tl.float32, PREC=prec,
+                  WHILE_LOOP=False, USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, ROW_DECAY=row_decay,
+                  cu_seqlens=None, chunk_offsets=None, **({"gl": None} if row_decay else {"gc": None})),
+             warps, stages)
+
+
+def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warps: int | None = None,
+                   fp32: bool = False):
+    """The scalar-gate path's kernels as ``qed_chunk`` launches them for per-head ``g, b = w``
+    (``[B, T, HV]``), arm full, lambda per head, bf16 inputs (or float32 with ``fp32``); the state
+    scan at its rule's configurations for one long sequence and for many."""
+    io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
+    print(f"--- scalar-gate forward, {io} inputs, float32 state, probes {probes}, H={H} HV={HV} K={K} V={V}")
+    absent = lambda *names: {} if probes else {n: None for n in names}  # noqa: E731
+    opt = lambda **kw: kw if probes else {}  # noqa: E731
+    common = dict(H=H, HV=HV, K=K, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
+                  chunk_indices=None)
+    compile_(scalar_gram.qed_scalar_gram_kernel,
+             dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", qn=f"*{io}", kn=f"*{io}", gc="*fp32",
+                  alpha="*fp32", gamma="*fp32", akk="*fp32", T="i32",
+                  **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
+             dict(common, BK=triton.next_power_of_2(K), L2NORM=True, **FULL, LAM_TOKEN=False, PROBES=probes,
+                  WRITE_D=probes, z=None, d_in=None, **absent("rho", "eig", "cp", "d_out")),
+             warps or scalar_gram.gram_warps(K))
+    if not probes:
+        compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
+                 dict(HV=HV, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
+                      chunk_indices=None), warps or chunk_wy.INVERSE_WARPS)
+        compile_(chunk_wy.qed_scalar_wy_kernel,
+                 dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", alpha="*fp32", gamma="*fp32", v=f"*{io}",
+                      w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
+                 dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
+                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None), warps or chunk_wy.WY_WARPS)
+        dtype = torch.float32 if fp32 else torch.bfloat16
+        for scans in (1 << 20, 1):
+            BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
+            print(f"BV={BV:<3d}", end=" ")
+            compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
+    BV, nw, stages = scalar_output_config(V, torch.float32 if fp32 else torch.bfloat16, probes)
+    compile_(qed_scalar_output_kernel,
+             dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
+                  scale="fp32", **opt(cp="*fp32", sd="*fp32")),
+             dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE="q", DIR_GATED=True, PROBES=probes,
+                  z=None, d_in=None, **absent("cp", "sd")),
+             warps or nw, stages)
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):
@@ -203,11 +244,14 @@ def main():
     ap.add_argument("--fp32", action="store_true", help="float32 inputs (tf32x3) instead of bf16")
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
-    ap.add_argument("--head", action="store_true", help="the forward for per-head gates g, b, w [B, T, HV]")
+    ap.add_argument("--head", action="store_true", help="the scalar-gate path (per-head g, b, w [B, T, HV])")
     a = ap.parse_args()
     if a.what in ("fwd", "all"):
         for probes in (False, True):
-            forward(probes, a.K, a.V, warps=a.warps, scores_bks=a.scores_bks, fp32=a.fp32, head=a.head)
+            if a.head:
+                scalar_forward(probes, a.K, a.V, warps=a.warps, fp32=a.fp32)
+            else:
+                forward(probes, a.K, a.V, warps=a.warps, scores_bks=a.scores_bks, fp32=a.fp32)
     if a.what in ("bwd", "all"):
         backward(a.K, a.V, warps=a.warps, fp32=a.fp32)
 

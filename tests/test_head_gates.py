@@ -110,6 +110,15 @@ def test_scalar_gate_path_variants(case):
         torch.testing.assert_close(got[2]["d"], kw["d"], atol=0, rtol=0)
 
 
+def test_per_head_decay_with_channel_erase_gate():
+    """A per-head ``g`` with a per-channel ``b`` (no model's layout) runs the per-channel kernels
+    on ``g`` broadcast to its channels: float64 qed_naive's values, probes and states."""
+    x = grouped_inputs(B=1, T=70, H=2, HV=4, K=16, V=8, seed=13, lam_token=True)
+    x["g"] = x["g"][..., 0]
+    kw = dict(arm="full", output_final_state=True, return_probes=True, cu_seqlens=torch.tensor([0, 23, 70]))
+    assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw), atol=1e-10)
+
+
 @pytest.mark.parametrize("op", [qed_naive, qed_chunk_torch, qed_chunk, qed_recurrent])
 def test_probe_subset(op):
     """``return_probes`` given as names returns exactly those probes, equal to the full request's;

@@ -7,9 +7,11 @@ Shapes (fla's GDN-2 convention): ``q, k`` ``[B, T, H, K]``; ``v, w`` ``[B, T, HV
 ``[B, T, HV, K]``; ``lam`` ``[HV]`` or ``[B, T, HV]``; states ``[N, HV, K, V]`` (float32,
 float64 for float64 inputs); ``o`` like ``v``; ``HV = m H``, value head ``j`` reads query/key
 head ``j // m``. Any of ``g, b, w`` may be one scalar per token and value head, ``[B, T, HV]``
-(Gated DeltaNet's gates; KDA's ``beta`` and write gate): the kernels that read it load one
-scalar per row and broadcast it in registers (``chunk_common.gate_tile``), nothing is expanded
-in memory.
+(Gated DeltaNet's gates; KDA's ``beta`` and write gate). A per-head ``b`` or ``w`` with a
+per-channel ``g`` (KDA) is loaded one scalar per row and broadcast in registers
+(``chunk_common.gate_tile``). A per-head ``g`` with a per-head ``b`` (Gated DeltaNet, Qwen3.5)
+takes the scalar-gate path below; a per-head ``g`` with a per-channel ``b`` (no model's layout)
+runs the per-channel kernels on ``g`` broadcast to its channels.
 
 Chunk algorithm (chunks of ``BT = 64`` tokens; ``G`` = inclusive cumsum of ``g`` inside the
 chunk, per channel; ``S0`` the chunk-start state)::
@@ -34,9 +36,20 @@ This is fla's ``chunk_gdn2`` pipeline with GDN-2's erase vector ``b k`` replaced
 6. ``chunk_scan.chunk_output_fwd``: per chunk, value head and value block, the output and the
    probe ``Sd`` (as fla's ``chunk_o``).
 
+Scalar-gate path (:func:`scalar_gate_forward`, ``g`` and ``b`` per head): with one decay per row
+the within-chunk decay of a pair is a scalar and the erase vector of every arm is
+``alpha_t k_hat_t + gamma_t x_t`` (``scalar_gram.py``), so the scores are Gram matrices of the
+query/key head weighted per row. Five launches: ``scalar_gram.scalar_gram_fwd`` (per chunk and
+query/key head: normalised ``q, k``, their Gram matrices once, per value head ``G``, ``alpha,
+gamma`` and ``A_kk``), ``chunk_wy.chunk_inverse_fwd``, ``chunk_wy.scalar_wy_fwd`` (``a e^G``
+rebuilt from ``k_hat``, ``x`` and the row scalars), ``chunk_scan.chunk_state_fwd`` (keys of the
+query/key head, decay per row) and ``chunk_scan.scalar_output_fwd`` (``Q K^T`` formed there, as
+fla's ``chunk_o``). Nothing ``K``-wide is written per value head but ``W`` (and the probe ``d``).
+
 Decays ``e^{G_t - G_j}`` are never formed as a product over long spans (see
 ``chunk_intra.py``), so any ``g <= 0`` is safe. With ``return_probes=False`` nothing
-probe-related is computed or written. Every launch configuration is fixed by rule from the
+probe-related is computed or written (with probe names, on the scalar-gate path, ``d`` and
+``Sd`` only when named). Every launch configuration is fixed by rule from the
 sizes and dtypes (no autotuning), so the time of a call does not depend on earlier calls.
 
 Precision: float32 arithmetic throughout; matrix products in tf32x3 for float32 inputs and in
@@ -59,7 +72,6 @@ from torch.autograd.function import once_differentiable
 from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
-from .chunk_head import chunk_head_scores_fwd
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd, scalar_output_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
@@ -108,8 +120,7 @@ def chunk_intra_fwd(x: DirectionInputs, v, w, g, *, scale: float, lay: ChunkLayo
                     probes: bool) -> IntraChunk:
     """The four intra-chunk launches (prep, scores, inverse, W/U) on contiguous ``v, w, g``."""
     prep = chunk_prep_fwd(x, g, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
-    scores_fwd = chunk_head_scores_fwd if g.dim() == 3 else chunk_scores_fwd
-    scores = scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
+    scores = chunk_scores_fwd(x, prep, scale=scale, lay=lay, inter_dtype=inter, probes=probes)
     ai = chunk_inverse_fwd(scores.akk, lay=lay, out_dtype=inter)
     wy = chunk_wy_fwd(prep.ag, v, w, ai, lay=lay)
     return IntraChunk(prep=prep, aqk=scores.aqk, adk=scores.adk, ai=ai, wy=wy)
@@ -151,10 +162,11 @@ def run_scan(P: QEDProblem, lay: ChunkLayout, intra: IntraChunk, *, h0=None, ht=
 
 def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: ChunkLayout, inter: torch.dtype,
                         initial_state, output_final_state: bool, want: tuple[str, ...]):
-    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), five launches: the Gram stage
-    (``scalar_gram``: normalised ``q, k``, ``G``, the per-row ``alpha, gamma`` of the erase vector
-    and ``A_kk``, once per query/key head), the block inverse, ``W, U``, the state scan (keys and
-    decay per row) and the output (``Q K^T`` formed there). Returns ``(o, final_state, probes)``."""
+    """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), five launches (module docstring): the
+    Gram stage (``scalar_gram``: normalised ``q, k`` and their Gram matrices once per query/key
+    head; per value head ``G``, the per-row ``alpha, gamma`` of the erase vector and ``A_kk``), the
+    block inverse, ``W, U``, the state scan and the output. ``want``: the probes asked for (``d``
+    and ``Sd`` are written only when named). Returns ``(o, final_state, probes)``."""
     dev, ct = v.device, P.compute_dtype
     gram = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=bool(want), direction="d" in want)
     ai = chunk_inverse_fwd(gram.akk, lay=lay, out_dtype=inter)
@@ -183,6 +195,8 @@ def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_st
     if P.head_g and P.head_b:
         return (*scalar_gate_forward(P, x, v, g, w, lay=lay, inter=inter, initial_state=initial_state,
                                      output_final_state=output_final_state, want=want), None)
+    if P.head_g:  # with a per-channel b (no model's layout): g broadcast to its channels
+        g = g.unsqueeze(-1).expand(*g.shape, P.K)
     intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
                             inter=inter, probes=bool(want))
     ct, dev = P.compute_dtype, q.device

@@ -13,10 +13,9 @@ tokens; key channels are read in slices of ``BKS`` so that K up to 256 fits.
    (``a = b k + lam d``, the erase vector), the chunk decay ``exp(G_last)``; with probes ``d``
    and ``dg = d exp(G)``; for the backward (``HATS``) also ``scale q``, ``k`` and ``a`` (the
    backward's scores kernel loads them instead of rebuilding them; the forward does not write them).
-   A per-head decay (``g`` ``[B, T, HV]``, ``G_HEAD``) is read once per row: ``G``, ``exp(G)``,
-   ``exp(G_last - G)`` and the chunk decay are per row, ``G`` is stored ``[B, T, HV]`` and
-   ``exp(G_last)`` ``[NC, HV]`` (the scores then come from ``chunk_head.py``). A per-head ``b``
-   (``B_HEAD``) is one scalar per row broadcast over the slice (``chunk_common.gate_tile``).
+   The decay is per channel (a per-head decay with a per-head ``b`` takes the scalar-gate path,
+   ``scalar_gram.py``). A per-head ``b`` (``B_HEAD``, KDA's ``beta``) is one scalar per row
+   broadcast over the slice (``chunk_common.gate_tile``).
 
 Both passes walk the key slices with the next slice's loads issued before the current slice's
 work (its raw ``q, k, b``, and ``g`` in pass 2, held in registers across the iteration; pass 1's
@@ -235,7 +234,6 @@ def head_pointers(q, k, b, lam, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.c
     "PROBES": lambda args: args["rho"] is not None,
     "HATS": lambda args: args["kh"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
-    "G_HEAD": lambda args: args["g"].dim() == 3,
     "B_HEAD": lambda args: args["b"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
@@ -246,7 +244,7 @@ def qed_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
-    HATS: tl.constexpr, G_HEAD: tl.constexpr, B_HEAD: tl.constexpr,
+    HATS: tl.constexpr, B_HEAD: tl.constexpr,
 ):
     i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
@@ -281,19 +279,9 @@ def qed_prep_kernel(
         r_q, r_k, r_b = n_q, n_k, n_b
     off = i_hv * K
     p_row = rows * HV + i_hv
-    if G_HEAD:  # one decay per row: G, its exponentials and the chunk decay once, as [BT, 1] columns
-        g += i_hv
-        g1 = tl.load(g + rows * HV, mask=m_t, other=0.).to(DT)
-        G1 = tl.cumsum(g1, 0)
-        gl1 = tl.sum(g1, 0)
-        tl.store(gc + p_row, G1.to(gc.dtype.element_ty), mask=m_t)
-        tl.store(gl + i_g * HV + i_hv, exp(gl1).to(gl.dtype.element_ty))
-        ex_q = exp(G1)[:, None]
-        ex_k = exp(gl1 - G1)[:, None]
-    else:
-        g += i_hv * K
-        cols, m_c = channel_slice(0, BKS, K)
-        r_g = load_tile(g, rows, m_t, cols, m_c, HV * K, DT)
+    g += i_hv * K
+    cols, m_c = channel_slice(0, BKS, K)
+    r_g = load_tile(g, rows, m_t, cols, m_c, HV * K, DT)
     b_rq, b_rk, b_c, b_rho, b_e = _scalars(qq, kk, kq, bkk, kx, lam_f, L2NORM, DIR_SOURCE, DIR_PROJECTED)
     tl.store(rq + p_row, b_rq.to(rq.dtype.element_ty), mask=m_t)
     tl.store(rk + p_row, b_rk.to(rk.dtype.element_ty), mask=m_t)
@@ -308,24 +296,18 @@ def qed_prep_kernel(
         cols, m_c = channel_slice(i_k, BKS, K)
         i_n = tl.minimum(i_k + 1, NK - 1)
         n_q, n_k, n_b = slice_rows(q, k, b, rows, m_t, i_n, H, HV, K, BKS, B_HEAD)
-        if not G_HEAD:
-            c_n, m_n = channel_slice(i_n, BKS, K)
-            n_g = load_tile(g, rows, m_t, c_n, m_n, HV * K, DT)
+        c_n, m_n = channel_slice(i_n, BKS, K)
+        n_g = load_tile(g, rows, m_t, c_n, m_n, HV * K, DT)
         b_q, b_k, b_a, b_d = erase_tiles(r_q.to(DT), r_k.to(DT), r_b.to(DT), z, d_in, rows, m_t, cols, m_c, b_rq,
                                          b_rk, b_c, lam_f, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        if G_HEAD:
-            b_ex = ex_q
-            store_tile(kg + off, b_k * ex_k, rows, m_t, cols, m_c, HV * K)
-        else:
-            b_G = tl.cumsum(r_g, 0)
-            b_glast = tl.sum(r_g, 0)
-            b_ex = exp(b_G)
-            store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
-            store_tile(kg + off, b_k * exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
+        b_G = tl.cumsum(r_g, 0)
+        b_glast = tl.sum(r_g, 0)
+        b_ex = exp(b_G)
+        store_tile(gc + off, b_G, rows, m_t, cols, m_c, HV * K)
+        store_tile(kg + off, b_k * exp(b_glast[None, :] - b_G), rows, m_t, cols, m_c, HV * K)
         store_tile(qg + off, b_q * b_ex * scale, rows, m_t, cols, m_c, HV * K)
         store_tile(ag + off, b_a * b_ex, rows, m_t, cols, m_c, HV * K)
-        if not G_HEAD:
-            tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
+        tl.store(gl + (i_g * HV + i_hv) * K + cols, exp(b_glast).to(gl.dtype.element_ty), mask=m_c)
         if PROBES:
             store_tile(dg + off, b_d * b_ex, rows, m_t, cols, m_c, HV * K)
             store_tile(d_out + off, b_d, rows, m_t, cols, m_c, HV * K)
@@ -334,8 +316,7 @@ def qed_prep_kernel(
             store_tile(kh + off, b_k, rows, m_t, cols, m_c, HV * K)
             store_tile(a_out + off, b_a, rows, m_t, cols, m_c, HV * K)
         r_q, r_k, r_b = n_q, n_k, n_b
-        if not G_HEAD:
-            r_g = n_g
+        r_g = n_g
 
 
 @dataclass(frozen=True)
@@ -361,15 +342,14 @@ class Prepared:
     """What ``qed_prep_kernel`` writes. Per row ``[B, T, HV]`` (state dtype): ``rq, rk`` (norm
     factors), ``cp`` (projection coefficient); per row and key channel ``[B, T, HV, K]``: ``gc``
     (``G``, state dtype), ``kg``, ``qg``, ``ag`` and (probes) ``dg`` (intermediate dtype); ``gl``
-    ``[NC, HV, K]`` (``exp(G_last)``). With a per-head ``g`` (``[B, T, HV]``) ``G`` is per row,
-    ``gc`` ``[B, T, HV]``, and ``gl`` ``[NC, HV]``. Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
+    ``[NC, HV, K]`` (``exp(G_last)``). Probes (else ``None``): ``rho, e`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype. For the backward (``hats``, else ``None``): ``qs = scale
     q_hat``, ``kh = k_hat`` and the erase vector ``a``, ``[B, T, HV, K]`` in the state dtype."""
 
     rq: torch.Tensor
     rk: torch.Tensor
     cp: torch.Tensor
-    gc: torch.Tensor | None
+    gc: torch.Tensor
     kg: torch.Tensor
     qg: torch.Tensor
     ag: torch.Tensor
@@ -392,13 +372,8 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
     ct, dev = lay.state_dtype, g.device
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=ct)  # noqa: E731
     bk = lambda dt: torch.empty(B, T, HV, K, device=dev, dtype=dt)  # noqa: E731
-    head_g = g.dim() == 3
-    if head_g and hats:
-        raise ValueError("chunk_prep_fwd: the backward's outputs (hats) need a per-channel `g`: the backward "
-                         "kernels read G per channel (qed_chunk broadcasts per-head gates before a backward)")
-    out = Prepared(rq=row(), rk=row(), cp=row(), gc=row() if head_g else bk(ct), kg=bk(inter_dtype),
-                   qg=bk(inter_dtype), ag=bk(inter_dtype),
-                   gl=torch.empty(lay.NC, HV, *(() if head_g else (K,)), device=dev, dtype=ct),
+    out = Prepared(rq=row(), rk=row(), cp=row(), gc=bk(ct), kg=bk(inter_dtype),
+                   qg=bk(inter_dtype), ag=bk(inter_dtype), gl=torch.empty(lay.NC, HV, K, device=dev, dtype=ct),
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
                    e=row() if probes else None, d=bk(ct) if probes else None,
                    qs=bk(ct) if hats else None, kh=bk(ct) if hats else None, a=bk(ct) if hats else None)
@@ -468,8 +443,8 @@ SCORES_SWITCHES = {
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
     "B_HEAD": lambda args: args["b"].dim() == 3,
 }
-"""Compile-time switches of the score kernels (per-channel here, per-head in ``chunk_head``),
-from their arguments: packed rows, probes, per-token lambda, per-head erase gate."""
+"""Compile-time switches of the score kernel, from its arguments: packed rows, probes, per-token
+lambda, per-head erase gate."""
 
 
 @triton.heuristics(SCORES_SWITCHES)

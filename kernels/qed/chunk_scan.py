@@ -32,12 +32,10 @@ from .chunk_common import BT, ChunkLayout, chunk_at, chunk_rows, exp, scan_progr
 @triton.jit
 def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, G_HEAD: tl.constexpr,
-                ROW_DECAY: tl.constexpr):
+                STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, ROW_DECAY: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
-    (``[NC, HV, K]``) or, for a per-head decay (``G_HEAD``), one scalar (``[NC, HV]``). With
-    ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys of the query/key head
+    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys of the query/key head
     (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row: the residuals are
     scaled by ``e^{G_last - G}`` before the key product, and the state by ``e^{G_last}``."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
@@ -49,8 +47,6 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     if ROW_DECAY:
         b_G = tl.load(gc + rows * HV, mask=m_t, other=0.).to(DT)
         b_gl = tl.load(gc + (tl.minimum(bos + i_t * BT + BT, eos) - 1) * HV).to(DT)
-    elif G_HEAD:
-        b_gl = tl.load(gl + (c0 + i_t) * HV + i_hv).to(DT)
     else:
         b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)
     b_r = (b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)).to(b_w.dtype)
@@ -59,8 +55,6 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     if ROW_DECAY:
         b_rd = (b_r.to(DT) * tl.where(m_t, exp(b_gl - b_G), 0.)[:, None]).to(b_w.dtype)
         out = S * exp(b_gl) + tl.dot(tl.trans(b_kg), b_rd, input_precision=PREC)
-    elif G_HEAD:
-        out = S * b_gl + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
     else:
         out = S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
     return out
@@ -72,7 +66,6 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     "STORE_R": lambda args: args["r"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "ROW_DECAY": lambda args: args["gc"] is not None,
-    "G_HEAD": lambda args: args["gl"] is not None and args["gl"].dim() == 2,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_state_kernel(
@@ -82,7 +75,7 @@ def qed_state_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_R: tl.constexpr, IS_VARLEN: tl.constexpr,
-    ROW_DECAY: tl.constexpr, G_HEAD: tl.constexpr,
+    ROW_DECAY: tl.constexpr,
 ):
     i_v, i_nh, i_hv, bos, eos, NT, c0 = scan_program(cu_seqlens, chunk_offsets, T, HV, BT, IS_VARLEN)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
@@ -103,12 +96,12 @@ def qed_state_kernel(
         i_t = 0
         while i_t < NT:
             S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
-                            H, HV, K, V, BT, STORE_R, DT, PREC, G_HEAD, ROW_DECAY)
+                            H, HV, K, V, BT, STORE_R, DT, PREC, ROW_DECAY)
             i_t += 1
     else:
         for i_t in range(NT):
             S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
-                            H, HV, K, V, BT, STORE_R, DT, PREC, G_HEAD, ROW_DECAY)
+                            H, HV, K, V, BT, STORE_R, DT, PREC, ROW_DECAY)
     if STORE_HT:
         p_h = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         tl.store(p_h, S.to(ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
