@@ -242,11 +242,13 @@ def timed(fn, repeat: int = 3) -> tuple[float, float]:
 
 
 def decode_step(hf_model, ids) -> tuple[float, float]:
-    """ms of one decode step inside ``generate`` (``GENERATE["steps"]`` more tokens, by difference)."""
+    """ms of one decode step inside ``generate``: the median of 3 calls generating
+    ``1 + GENERATE["steps"]`` tokens less the median of 3 generating one, over the steps (one pair of
+    calls varied by more than the targets' margins)."""
     def gen(n):
         return lambda: hf_model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    one, peak = timed(gen(1), repeat=1)
-    more, _ = timed(gen(1 + GENERATE["steps"]), repeat=1)
+    one, peak = timed(gen(1))
+    more, _ = timed(gen(1 + GENERATE["steps"]))
     return (more - one) / GENERATE["steps"], peak
 
 
