@@ -11,7 +11,8 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
 
 * ``op``: Qwen3.5-style Gated DeltaNet layers (16 q/k heads x 128, 16 / 32 / 64 value heads,
   K = V = 128) at 1 x 32K and 8 x 4K tokens: ``qed_chunk`` with per-head gates ``g, b = w = beta``
-  ``[B, T, HV]``, arm full, lam 0.1, probes off and on, against fla 0.6.0's
+  ``[B, T, HV]``, arm full, lam 0.1, probes off, all four and ``("e", "Sd")`` (what a hooked
+  layer with ``hook_e`` and ``hook_Sd`` asks for), against fla 0.6.0's
   ``chunk_gated_delta_rule`` (its Triton kernels; with FlashQLA installed fla routes there and the
   rows say so) and, where importable, FlashQLA's own op.
 * ``kda``: Kimi-Linear's layer shape (32 heads x 128, per-channel decay ``[B, T, HV, K]``,
@@ -150,6 +151,8 @@ def op_rows(rows: Rows, left):
             rows.add(label, shape_of(x), native)
             rows.add("qed_chunk full, per-head gates", shape_of(x), measure(qed_fn(x)), native)
             rows.add("qed_chunk full, per-head gates + probes", shape_of(x), measure(qed_fn(x, probes=True)), native)
+            rows.add("qed_chunk full, per-head gates + probes e, Sd", shape_of(x),
+                     measure(qed_fn(x, probes=("e", "Sd"))), native)
             del x
             torch.cuda.empty_cache()
 
