@@ -138,7 +138,7 @@ def chunk_intra_recompute(x: DirectionInputs, v, w, g, aqk, ai, *, scale: float,
 
 
 def _float64_guard(P: QEDProblem, fn):
-    """Run ``fn()``; a float64 scan that does not fit in shared memory becomes a ValueError."""
+    """Run ``fn()``; float64 launches that do not fit in shared memory become a ValueError."""
     try:
         return fn()
     except triton.runtime.errors.OutOfResources as err:
@@ -175,8 +175,7 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    _float64_guard(P, lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r,
-                                              h0=h0, ht=ht, T=P.T, N=P.N))
+    chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht, T=P.T, N=P.N)
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
     scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
@@ -193,8 +192,10 @@ def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_st
     lay = chunk_layout(P, cu_seqlens, q.device, prec)
     x = direction_inputs(P, q, k, b, lam, arm, z, d, use_qk_l2norm)
     if P.head_g and P.head_b:
-        return (*scalar_gate_forward(P, x, v, g, w, lay=lay, inter=inter, initial_state=initial_state,
-                                     output_final_state=output_final_state, want=want), None)
+        return (*_float64_guard(P, lambda: scalar_gate_forward(P, x, v, g, w, lay=lay, inter=inter,
+                                                               initial_state=initial_state,
+                                                               output_final_state=output_final_state, want=want)),
+                None)
     if P.head_g:  # with a per-channel b (no model's layout): g broadcast to its channels
         g = g.unsqueeze(-1).expand(*g.shape, P.K)
     intra = chunk_intra_fwd(x, v.contiguous(), w.contiguous(), g.contiguous(), scale=P.scale, lay=lay,
