@@ -72,13 +72,16 @@ def test_probes_requested_only_when_hooked(model, monkeypatch):
     monkeypatch.setattr(recurrence_module, "qed_attention", spy)
     x = ids()
     plain = model(x)
-    assert asked == [(False, False)] * 2
+    assert asked == [((), False)] * 2
     asked.clear()
     model.run_with_cache(x, names_filter="blocks.1.attn.hook_e")
-    assert asked == [(False, False), (True, False)]
+    assert asked == [((), False), (("e",), False)]  # only the hooked probe is asked for
+    asked.clear()
+    model.run_with_cache(x, names_filter=["blocks.0.attn.hook_Sd", "blocks.0.attn.hook_rho"])
+    assert asked == [(("rho", "Sd"), False), ((), False)]
     asked.clear()
     hooked = model.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_d", lambda d, hook: None)])
-    assert asked == [(False, True), (False, False)]
+    assert asked == [((), True), ((), False)]
     torch.testing.assert_close(hooked, plain)  # passing the arm's own d changes nothing
 
 
