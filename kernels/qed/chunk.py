@@ -280,9 +280,8 @@ def qed_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tensor, 
 
     Returns:
         ``(o, final_state, probes)``: ``o`` ``[B, T, HV, V]`` in ``v``'s dtype, the final state
-        ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}`` (or the
-        named ones)
-        (per value head) in the state dtype (float32; float64 for float64 inputs).
+        ``[N, HV, K, V]`` (or ``None``) and, with ``return_probes``, ``{"rho", "d", "Sd", "e"}`` or the
+        named ones (per value head) in the state dtype (float32; float64 for float64 inputs).
 
     Differentiable (Triton backward, ``chunk_bwd.py``) when grad mode is on and any of ``q, k,
     v, g, b, w, lam, d, initial_state`` requires grad: gradients of ``o`` and the final state

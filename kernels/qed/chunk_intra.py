@@ -194,7 +194,7 @@ def erase_rows(q, k, b, z, d_in, rows, m_r, cols, m_c, rq, rk, c, lam_r, H: tl.c
 
 
 @triton.jit
-def _row_lam(lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
+def row_lam(lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr, DT: tl.constexpr):
     """lambda of rows ``r`` (mask ``m``) of one value head (``lam`` shifted to it): per token
     ``lam[r * HV]``, or the head's ``lam[0]``."""
     if LAM_TOKEN:
@@ -210,7 +210,7 @@ def row_scalars(RQ, RK, CP, lam, r, m, HV: tl.constexpr, LAM_TOKEN: tl.constexpr
     rq = tl.load(RQ + r * HV, mask=m, other=0.).to(DT)
     rk = tl.load(RK + r * HV, mask=m, other=0.).to(DT)
     c = tl.load(CP + r * HV, mask=m, other=0.).to(DT)
-    return rq, rk, c, _row_lam(lam, r, m, HV, LAM_TOKEN, DT)
+    return rq, rk, c, row_lam(lam, r, m, HV, LAM_TOKEN, DT)
 
 
 @triton.jit
@@ -254,7 +254,7 @@ def qed_prep_kernel(
         z += i_hv * K
     if d_in is not None:
         d_in += i_hv * K
-    lam_f = _row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
+    lam_f = row_lam(lam, rows, m_t, HV, LAM_TOKEN, DT)
 
     # ---- 1: row statistics over all of K, per-row scalars, probes rho and e. Each iteration
     # first issues the loads of the next key slice (after the last: slice 0, where pass 2 starts)

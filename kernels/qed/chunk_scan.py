@@ -35,9 +35,10 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
                 STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, ROW_DECAY: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
-    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys of the query/key head
-    (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row: the residuals are
-    scaled by ``e^{G_last - G}`` before the key product, and the state by ``e^{G_last}``."""
+    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys
+    of the query/key head (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row:
+    the residuals are scaled by ``e^{G_last - G}`` before the key product, and the state by
+    ``e^{G_last}``."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
              S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)

@@ -161,8 +161,7 @@ def qed_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    b_ai = tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
-                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(ag.dtype.element_ty)
+    b_ai = _inverse_tile(ai, rows, m_t, i_hv, HV, BT).to(ag.dtype.element_ty)
 
     off = i_hv * K
     for i_k in range(tl.cdiv(K, BKS)):
@@ -170,6 +169,15 @@ def qed_wy_kernel(
         b_ag = tl.load(ag + off + rows[:, None] * (HV * K) + cols[None, :], mask=m_t[:, None] & m_c[None, :], other=0.)
         store_tile(w + off, tl.dot(b_ai, b_ag, input_precision=PREC), rows, m_t, cols, m_c, HV * K)
     _store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
+
+
+@triton.jit
+def _inverse_tile(ai, rows, m_t, i_hv, HV: tl.constexpr, BT: tl.constexpr):
+    """The chunk's ``(I + A_kk)^{-1}`` of value head ``i_hv`` (rows ``rows``), its lower triangle
+    only (the inverse kernel leaves the blocks above the diagonal unwritten)."""
+    o_t = tl.arange(0, BT)
+    return tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
+                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.)
 
 
 @triton.jit
@@ -228,8 +236,7 @@ def qed_scalar_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    b_ai = tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
-                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.).to(kn.dtype.element_ty)
+    b_ai = _inverse_tile(ai, rows, m_t, i_hv, HV, BT).to(kn.dtype.element_ty)
     p = rows * HV + i_hv
     ex = exp(tl.load(gc + p, mask=m_t, other=0.).to(DT))
     b_al = tl.load(alpha + p, mask=m_t, other=0.).to(DT) * ex

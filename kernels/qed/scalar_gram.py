@@ -1,5 +1,5 @@
-r"""Scalar-gate path of ``qed_chunk``, stage 1: normalised keys and queries, Gram matrices and the
-erase scores, once per query/key head.
+r"""Scalar-gate path of ``qed_chunk``, stage 1: normalised keys and queries and their Gram matrices,
+once per query/key head; from them the erase scores ``A_kk`` of each value head.
 
 With a per-head decay ``g`` and a per-head erase gate ``b`` (``[B, T, HV]``: Gated DeltaNet's
 ``g`` and ``beta``) the erase vector of every arm is a per-row combination of two vectors::
@@ -20,8 +20,8 @@ and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_h
 the chunk once, normalises them (stored in the products' dtype for the later stages, as fla's
 ``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
 of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
-stages) and ``A_kk`` (state dtype, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e, d``
-and ``c``. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above
+stages) and ``A_kk`` (state dtype, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
+and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above
 the diagonal are zeroed before the exponential.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import BT, ChunkLayout, chunk_position, exp, load_tile, store_tile
-from .chunk_intra import DirectionInputs
+from .chunk_intra import DirectionInputs, row_lam
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,7 @@ def qed_scalar_gram_kernel(
         p = rows * HV + i_hv
         G = tl.cumsum(tl.load(g + p, mask=m_t, other=0.).to(DT), 0)
         b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
-        if LAM_TOKEN:
-            b_l = tl.load(lam + p, mask=m_t, other=0.).to(DT)
-        else:
-            b_l = b_b * 0. + tl.load(lam + i_hv).to(DT)
+        b_l = row_lam(lam + i_hv, rows, m_t, HV, LAM_TOKEN, DT)
         x, xk, XK = _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE, DT,
                                      PREC)
         bx = b_b if DIR_GATED else b_b * 0. + 1.
