@@ -168,14 +168,18 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     block inverse, ``W, U``, the state scan and the output. ``want``: the probes asked for (``d``
     and ``Sd`` are written only when named). Returns ``(o, final_state, probes)``."""
     dev, ct = v.device, P.compute_dtype
-    gram = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=bool(want), direction="d" in want)
-    ai = chunk_inverse_fwd(gram.akk, lay=lay, out_dtype=inter)
+    gram, akk = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=bool(want),
+                                direction="d" in want)
+    ai = chunk_inverse_fwd(akk, lay=lay, out_dtype=inter)
+    del akk  # each intermediate is freed once read, so that the probes' buffers fit in what fla holds
     wy = scalar_wy_fwd(x, gram, v.contiguous(), w.contiguous(), ai, lay=lay)
+    del ai
     hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
     r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     h0 = initial_state.contiguous() if initial_state is not None else None
     chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht, T=P.T, N=P.N)
+    del wy  # (fla's forward holds its A, w, u through the output stage)
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
     scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)

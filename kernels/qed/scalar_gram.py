@@ -38,17 +38,17 @@ from .chunk_intra import DirectionInputs, row_lam
 
 @dataclass(frozen=True)
 class ScalarGram:
-    """What the Gram stage writes: ``qn, kn`` ``[B, T, H, K]`` (normalised, products' dtype);
-    per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``), ``alpha, gamma``; ``akk``
-    ``[B, T, HV, BT]`` (state dtype). Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and
-    ``d`` ``[B, T, HV, K]`` in the state dtype."""
+    """What the Gram stage writes for the later stages: ``qn, kn`` ``[B, T, H, K]`` (normalised,
+    products' dtype); per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``),
+    ``alpha, gamma``. Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and ``d``
+    ``[B, T, HV, K]`` in the state dtype. (The scores ``A_kk`` are returned beside it: only the
+    block inverse reads them.)"""
 
     qn: torch.Tensor
     kn: torch.Tensor
     gc: torch.Tensor
     alpha: torch.Tensor
     gamma: torch.Tensor
-    akk: torch.Tensor
     rho: torch.Tensor | None
     e: torch.Tensor | None
     c: torch.Tensor | None
@@ -151,10 +151,13 @@ def gram_warps(K: int) -> int:
 
 
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
-                    probes: bool, direction: bool = True, config: tuple[int, int] | None = None) -> ScalarGram:
+                    probes: bool, direction: bool = True,
+                    config: tuple[int, int] | None = None) -> tuple[ScalarGram, torch.Tensor]:
     """Launch ``qed_scalar_gram_kernel`` (grid: chunks x query/key heads) on per-head ``g`` and
     ``x.b`` (``[B, T, HV]``); with ``probes`` it writes ``rho, e, c`` and, with ``direction`` too,
-    ``d``. ``config`` ``(num_warps, num_stages)`` overrides the rule (for screening)."""
+    ``d``. Returns ``(gram, akk)``, ``akk`` the scores ``[B, T, HV, BT]`` (state dtype) apart so
+    that the caller can free them once inverted. ``config`` ``(num_warps, num_stages)`` overrides
+    the rule (for screening)."""
     num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
     B, T, H, K = x.q.shape
     HV = g.shape[2]
@@ -162,16 +165,17 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
     out = ScalarGram(qn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
                      kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
-                     gc=row(), alpha=row(), gamma=row(), akk=torch.empty(B, T, HV, BT, device=dev, dtype=st),
+                     gc=row(), alpha=row(), gamma=row(),
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
+    akk = torch.empty(B, T, HV, BT, device=dev, dtype=st)
     qed_scalar_gram_kernel[(lay.grid[0], lay.grid[1] * H // HV)](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
-        qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=out.akk,
+        qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
         rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
     )
-    return out
+    return out, akk
