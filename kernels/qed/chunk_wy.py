@@ -231,53 +231,43 @@ def qed_scalar_wy_kernel(
     BVS: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
     W_HEAD: tl.constexpr,
 ):
-    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    M: tl.constexpr = HV // H
-    for i in range(M):
-        i_hv = i_h * M + i
-        b_ai = _inverse_tile(ai, rows, m_t, i_hv, HV, BT).to(DT)
-        p = rows * HV + i_hv
-        ex = exp(tl.load(gc + p, mask=m_t, other=0.).to(DT))
-        ai_k = (b_ai * (tl.load(alpha + p, mask=m_t, other=0.).to(DT) * ex)[None, :]).to(kn.dtype.element_ty)
-        col_x = b_ai * (tl.load(gamma + p, mask=m_t, other=0.).to(DT) * ex)[None, :]
-        for i_k in range(tl.cdiv(K, BKS)):
-            cols, m_c = channel_slice(i_k, BKS, K)
-            b_w = tl.dot(ai_k, load_tile(kn + i_h * K, rows, m_t, cols, m_c, H * K, kn.dtype.element_ty),
-                         input_precision=PREC)
-            if DIR_SOURCE == "q":
-                b_w = tl.dot(col_x.to(kn.dtype.element_ty),
-                             load_tile(qn + i_h * K, rows, m_t, cols, m_c, H * K, kn.dtype.element_ty), acc=b_w,
-                             input_precision=PREC)
-            elif DIR_SOURCE == "d":
-                b_w = tl.dot(col_x.to(kn.dtype.element_ty),
-                             load_tile(d_in + i_hv * K, rows, m_t, cols, m_c, HV * K, kn.dtype.element_ty),
-                             acc=b_w, input_precision=PREC)
-            elif DIR_SOURCE == "z":
-                b_w += tl.sum(col_x, 1)[:, None] * tl.load(z + i_hv * K + cols, mask=m_c, other=0.).to(DT)[None, :]
-            store_tile(w + i_hv * K, b_w, rows, m_t, cols, m_c, HV * K)
-        _store_u(v, w_gate, b_ai.to(kn.dtype.element_ty), u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
+    b_ai = _inverse_tile(ai, rows, m_t, i_hv, HV, BT).to(kn.dtype.element_ty)
+    p = rows * HV + i_hv
+    ex = exp(tl.load(gc + p, mask=m_t, other=0.).to(DT))
+    b_al = tl.load(alpha + p, mask=m_t, other=0.).to(DT) * ex
+    b_ga = tl.load(gamma + p, mask=m_t, other=0.).to(DT) * ex
+    for i_k in range(tl.cdiv(K, BKS)):
+        cols, m_c = channel_slice(i_k, BKS, K)
+        b_ag = b_al[:, None] * load_tile(kn + i_h * K, rows, m_t, cols, m_c, H * K, DT)
+        if DIR_SOURCE == "q":
+            b_ag += b_ga[:, None] * load_tile(qn + i_h * K, rows, m_t, cols, m_c, H * K, DT)
+        elif DIR_SOURCE == "z":
+            b_ag += b_ga[:, None] * tl.load(z + i_hv * K + cols, mask=m_c, other=0.).to(DT)[None, :]
+        elif DIR_SOURCE == "d":
+            b_ag += b_ga[:, None] * load_tile(d_in + i_hv * K, rows, m_t, cols, m_c, HV * K, DT)
+        store_tile(w + i_hv * K, tl.dot(b_ai, b_ag.to(b_ai.dtype), input_precision=PREC), rows, m_t, cols, m_c,
+                   HV * K)
+    _store_u(v, w_gate, b_ai, u, rows, m_t, i_hv, HV, V, BVS, DT, PREC, W_HEAD)
 
 
 def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *, lay: ChunkLayout,
                   config: tuple[int, int, int] | None = None) -> WYFactors:
-    """Launch ``qed_scalar_wy_kernel`` (grid: chunks x query/key heads; each program does the value
-    heads of its query/key head, so their ``k_hat`` and ``x`` tiles are read from memory once):
-    ``W = Ai (a e^G)`` for the erase vector ``a = alpha k_hat + gamma x``, formed as
-    ``(Ai diag(alpha e^G)) k_hat + (Ai diag(gamma e^G)) x`` (two products on the stored tiles, with
-    ``x`` = ``q_hat`` or a given ``d``; for ``z`` the second term is ``(Ai gamma e^G) z^T``) from
-    the Gram stage's normalised keys (queries), per-row ``alpha, gamma, G`` and the arm's direction
-    source in ``x`` (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in
-    ``gram.kn``'s dtype. ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for
-    screening)."""
+    """Launch ``qed_scalar_wy_kernel`` (grid: chunks x value heads): ``W = Ai (a e^G)`` with the
+    erase vector ``a = alpha k_hat + gamma x`` built from the Gram stage's normalised keys
+    (queries), its per-row ``alpha, gamma, G`` and the arm's direction source in ``x``
+    (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
+    ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
     B, T, H, K = gram.kn.shape
     bs, num_warps, num_stages = config or (SCALAR_WY_SLICE, WY_WARPS, 1)
     HV, V = v.shape[2], v.shape[-1]
     out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=gram.kn.dtype),
                     u=torch.empty(B, T, HV, V, device=v.device, dtype=gram.kn.dtype))
-    qed_scalar_wy_kernel[(lay.grid[0], lay.grid[1] * H // HV)](
+    qed_scalar_wy_kernel[lay.grid](
         qn=gram.qn, kn=gram.kn, z=x.z, d_in=x.d, gc=gram.gc, alpha=gram.alpha, gamma=gram.gamma,
         v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
