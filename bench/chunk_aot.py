@@ -123,8 +123,8 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
              warps or chunk_intra.SCORES_WARPS)
     if not probes:  # the inverse and W/U kernels do not depend on the probes
         compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
-                 dict(HV=H, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
-                 warps or chunk_wy.INVERSE_WARPS)
+                 dict(HV=H, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None,
+                      HEADS_FIRST=True), warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_wy_kernel,
                  dict(ag=f"*{io}", v=f"*{io}", w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
                  dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_BKS, K), BVS=min(chunk_wy.WY_BVS, V), W_HEAD=False,
@@ -176,17 +176,17 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                   alpha="*fp32", gamma="*fp32", akk="*fp32", T="i32",
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
              dict(common, BK=triton.next_power_of_2(K), L2NORM=True, **FULL, LAM_TOKEN=False, PROBES=probes,
-                  WRITE_D=probes, z=None, d_in=None, **absent("rho", "eig", "cp", "d_out")),
+                  WRITE_D=probes, z=None, d_in=None, HEADS_FIRST=True, **absent("rho", "eig", "cp", "d_out")),
              warps or scalar_gram.gram_warps(K))
     if not probes:
         compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
                  dict(HV=HV, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
-                      chunk_indices=None), warps or chunk_wy.INVERSE_WARPS)
+                      chunk_indices=None, HEADS_FIRST=True), warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_scalar_wy_kernel,
                  dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", alpha="*fp32", gamma="*fp32", v=f"*{io}",
                       w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
                  dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
-                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None), warps or chunk_wy.WY_WARPS)
+                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True), warps or chunk_wy.WY_WARPS)
         dtype = torch.float32 if fp32 else torch.bfloat16
         for scans in (1 << 20, 1):
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
@@ -197,7 +197,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
              dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
                   scale="fp32", **opt(cp="*fp32", sd="*fp32")),
              dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE="q", DIR_GATED=True, PROBES=probes,
-                  z=None, d_in=None, **absent("cp", "sd")),
+                  z=None, d_in=None, HEADS_FIRST=True, **absent("cp", "sd")),
              warps or nw, stages)
 
 

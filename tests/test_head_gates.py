@@ -13,6 +13,7 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_chunk, qed_chunk_torch, qed_naive, qed_recurrent
 from qedprobe.kernels.qed import chunk as chunk_mod
+from qedprobe.kernels.qed import chunk_common
 from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, z_for
 
 F64 = torch.float64
@@ -108,6 +109,19 @@ def test_scalar_gate_path_variants(case):
     assert_outputs_close(got, ref, atol=2e-5 if case == "float32" else 1e-10)
     if case == "given d":
         torch.testing.assert_close(got[2]["d"], kw["d"], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_chunk_major_grid_beyond_the_axis_limit(form, monkeypatch):
+    """Per-chunk launches put the heads on the grid's first axis while the chunks fit the second
+    (``chunk_common.heads_first``); past CUDA's 65535 they go chunk-major. With the limit at 1
+    every launch goes chunk-major and the results are float64 qed_naive's (packed sequences,
+    states, every probe)."""
+    monkeypatch.setattr(chunk_common, "GRID_AXIS_LIMIT", 1)
+    assert chunk_common.heads_first((3, 8))[1] is False
+    x, wide = head_case(form, 40)
+    kw = options("full", 40)
+    assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(wide), **kw), atol=1e-10)
 
 
 def test_per_head_decay_with_channel_erase_gate():

@@ -149,6 +149,29 @@ def channel_slice(i, BS: tl.constexpr, N):
 
 
 # ------------------------------------------------------------------- per-chunk kernels
+GRID_AXIS_LIMIT = 65535
+"""CUDA's bound on a launch grid's second and third axes."""
+
+
+def heads_first(grid: tuple, blocks: int = 1) -> tuple[tuple, bool]:
+    """``(grid, HEADS_FIRST)`` of a per-chunk launch whose chunk-major grid is
+    ``(chunks * blocks, heads)`` (``grid`` = :attr:`ChunkLayout.grid` or one with fewer heads):
+    turned to ``(heads, chunks * blocks)`` when that many fit the second axis. Heads first, the
+    programs of one chunk run side by side, so the value heads of a query/key head read its
+    ``q, k`` tiles while they are in L2 and neighbouring heads' rows of ``[B, T, H, ...]``
+    tensors are read together; chunk-major remains for longer inputs (over 4M tokens)."""
+    chunks, heads = grid[0] * blocks, grid[1]
+    return ((heads, chunks), True) if chunks <= GRID_AXIS_LIMIT else ((chunks, heads), False)
+
+
+@triton.jit
+def chunk_axes(HEADS_FIRST: tl.constexpr):
+    """``(chunk index, batch-head index)`` of this program in a :func:`heads_first` grid."""
+    if HEADS_FIRST:
+        return tl.program_id(1), tl.program_id(0)
+    return tl.program_id(0), tl.program_id(1)
+
+
 @triton.jit
 def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):

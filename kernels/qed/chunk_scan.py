@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_at, chunk_rows, exp, scan_program, scan_ranges
+from .chunk_common import BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, scan_program, scan_ranges
 
 
 @triton.jit
@@ -286,12 +286,11 @@ def qed_scalar_output_kernel(
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
-    i_x = tl.program_id(0)
-    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
-                                        IS_VARLEN)
+    i_x, i_bh = chunk_axes(HEADS_FIRST)
+    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_h = i_hv // (HV // H)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_x % NV, K, V, BT, BK, BV)
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
@@ -356,9 +355,11 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
     B, T, H, K = intra.kn.shape
     HV, V = r.shape[2], r.shape[-1]
     BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)
-    qed_scalar_output_kernel[(lay.grid[0] * triton.cdiv(V, BV), lay.grid[1])](
+    grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
+    qed_scalar_output_kernel[grid](
         qn=intra.qn, kn=intra.kn, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
-        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
+        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps,
+        num_stages=num_stages,
     )

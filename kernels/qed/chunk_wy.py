@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_position, exp, gate_head, gate_tile, load_tile,
-                           store_tile)
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, chunk_position, exp, gate_head,
+                           gate_tile, heads_first, load_tile, store_tile)
 
 WY_BKS = 32
 """Key slice of the W/U kernel."""
@@ -95,9 +95,9 @@ def _mm(a, b, PREC: tl.constexpr):
 def qed_inverse_kernel(
     akk, ai, cu_seqlens, chunk_indices, T,
     HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     c0 = bos + i_t * BT
     akk += i_hv * BT
     ai += i_hv * BT
@@ -139,9 +139,10 @@ def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.d
         raise ValueError(f"qed_inverse_kernel unrolls a chunk of BT = 4 x BC = {4 * BC} rows, "
                          f"got BT={bt} (BC={BC})")
     ai = torch.empty_like(akk, dtype=out_dtype)
-    qed_inverse_kernel[lay.grid](
+    grid, first = heads_first(lay.grid)
+    qed_inverse_kernel[grid](
         akk=akk, ai=ai, cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        HV=HV, BT=BT, BC=BC, DT=lay.DT, PREC=lay.prec, num_warps=INVERSE_WARPS, num_stages=1,
+        HV=HV, BT=BT, BC=BC, DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=INVERSE_WARPS, num_stages=1,
     )
     return ai
 
@@ -229,9 +230,9 @@ def qed_scalar_wy_kernel(
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     BVS: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
-    W_HEAD: tl.constexpr,
+    W_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
@@ -267,12 +268,13 @@ def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tens
     HV, V = v.shape[2], v.shape[-1]
     out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=gram.kn.dtype),
                     u=torch.empty(B, T, HV, V, device=v.device, dtype=gram.kn.dtype))
-    qed_scalar_wy_kernel[lay.grid](
+    grid, first = heads_first(lay.grid)
+    qed_scalar_wy_kernel[grid](
         qn=gram.qn, kn=gram.kn, z=x.z, d_in=x.d, gc=gram.gc, alpha=gram.alpha, gamma=gram.gamma,
         v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=min(bs, triton.next_power_of_2(K)),
         BVS=min(bs, triton.next_power_of_2(V)), DIR_SOURCE=x.flags["DIR_SOURCE"], DT=lay.DT,
-        PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
+        PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_position, exp, load_tile, store_tile
+from .chunk_common import BT, ChunkLayout, chunk_at, chunk_axes, exp, heads_first, load_tile, store_tile
 from .chunk_intra import DirectionInputs, row_lam
 
 
@@ -95,9 +95,9 @@ def qed_scalar_gram_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
-    WRITE_D: tl.constexpr,
+    WRITE_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    i_h, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
@@ -169,13 +169,14 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
     akk = torch.empty(B, T, HV, BT, device=dev, dtype=st)
-    qed_scalar_gram_kernel[(lay.grid[0], lay.grid[1] * H // HV)](
+    grid, first = heads_first((lay.grid[0], lay.grid[1] * H // HV))
+    qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
         qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
         rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
-        DT=lay.DT, PREC=lay.prec, num_warps=num_warps, num_stages=num_stages,
+        DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
     )
     return out, akk
