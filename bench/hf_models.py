@@ -25,6 +25,11 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   injected with ``hook_e`` and ``hook_Sd`` hooked) against the native model: prefill at 32K and
   128K, peak memory, a decode step inside ``generate`` (only where ``qedprobe.hf`` offers
   ``adapt`` and ``inject_qed``).
+* ``decode_parts``: the same models' decode step outside ``generate``: a prefill of B = 8 prompts
+  of 8K with a cache, then 8 forwards of one token each (what ``generate``'s loop runs, without its
+  bookkeeping), native / adapted / injected and hooked, ms per step (median of 3), and a
+  torch.profiler table of the injected steps and the native ones (by CUDA time and by CPU time)
+  printed to the log: where a hooked decode step's time goes.
 
 Rows ``name, shape, ms, native_ms, ratio, peak_gb, native_peak_gb`` plus ``device, date,
 commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set, else
@@ -33,6 +38,7 @@ commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -51,7 +57,7 @@ QK_HEADS, HEAD_DIM = 16, 128
 VALUE_HEADS = (16, 32, 64)
 KDA_HEADS = 32
 DECODE = dict(B=8, H=16, HV=32)
-SECTIONS = ("op", "kda", "decode", "decoder", "parts")
+SECTIONS = ("op", "kda", "decode", "decoder", "parts", "decode_parts")
 PARTS_SHAPE = (1, 32768, 32)
 """``(B, T, HV)`` of the per-kernel rows (``parts``)."""
 
@@ -229,6 +235,17 @@ def qwen35_config(HV: int, small: bool):
                              linear_num_value_heads=HV, linear_key_head_dim=128, linear_value_head_dim=128)
 
 
+def random_qwen35(HV: int, small: bool):
+    """:func:`qwen35_config`'s model with random weights (seed 0), bf16, on the GPU, in eval mode."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(qwen35_config(HV, small)).to(DEV, torch.bfloat16).eval()
+
+
+PROBE_HOOKS = [(lambda name: name.endswith(("hook_e", "hook_Sd")), lambda act, hook: None)]
+"""What the hooked rows record: ``hook_e`` and ``hook_Sd`` of every layer (the hook keeps nothing)."""
+
+
 def timed(fn, repeat: int = 3) -> tuple[float, float]:
     """``(ms, peak_gb)``: median wall time of ``repeat`` synchronised calls after one warm-up (the
     decoder's calls take up to seconds, so the host clock is exact enough), and the peak memory."""
@@ -258,11 +275,8 @@ def decode_step(hf_model, ids) -> tuple[float, float]:
 def decoder_shape(rows: Rows, HV: int, small: bool, left):
     """Native, adapted (nothing hooked), and injected with ``hook_e`` / ``hook_Sd`` hooked:
     prefill at each length of :data:`DECODER_LENGTHS` and a decode step inside ``generate``."""
-    from transformers import AutoModelForCausalLM
-
     from qedprobe.hf import adapt, inject_qed
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(qwen35_config(HV, small)).to(DEV, torch.bfloat16).eval()
+    model = random_qwen35(HV, small)
     vocab = model.config.vocab_size
     lengths = (256,) if small else DECODER_LENGTHS
     B, Tg = (2, 64) if small else (GENERATE["B"], GENERATE["T"])
@@ -272,7 +286,6 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
     native = {T: timed(prefill(ids)) for T, ids in prompts.items() if left() > 60}
     native_gen = decode_step(model, gen_ids)
     adapted = adapt(model)
-    hooked = [(lambda name: name.endswith(("hook_e", "hook_Sd")), lambda act, hook: None)]
     for T, ids in prompts.items():
         if T not in native:
             continue
@@ -283,11 +296,69 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
     rows.add("native decode step in generate", shape, native_gen)
     rows.add("adapted decode step in generate, nothing hooked", shape, decode_step(model, gen_ids), native_gen)
     inject_qed(adapted, 0.1, arm="full")
-    with adapted.hooks(fwd_hooks=hooked):
+    with adapted.hooks(fwd_hooks=PROBE_HOOKS):
         for T, ids in prompts.items():
             if T in native:
                 rows.add("injected prefill, hook_e + hook_Sd", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
         rows.add("injected decode step, hook_e + hook_Sd", shape, decode_step(model, gen_ids), native_gen)
+
+
+def cached_decode(model, ids, steps: int):
+    """``run(profiler=None) -> ms``: a prefill of ``ids`` with a cache, then ``steps`` forwards of
+    one greedy token each with the cache; ms per decode forward (the prefill untimed), the decode
+    part inside ``profiler`` when one is given."""
+    def run(profiler=None) -> float:
+        out = model(ids, use_cache=True, logits_to_keep=1)
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with profiler or contextlib.nullcontext():
+            for _ in range(steps):
+                out = model(tok, past_key_values=cache, use_cache=True)
+                tok = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+        return 1e3 * (time.perf_counter() - t0) / steps
+    return run
+
+
+def median_of(run, repeat: int = 3) -> float:
+    run()
+    return sorted(run() for _ in range(repeat))[repeat // 2]
+
+
+def profile_table(run, label: str) -> None:
+    """Print the top ops of one ``run`` by self CUDA time and by CPU time (the log, not the rows)."""
+    from torch.profiler import ProfilerActivity, profile
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    run(prof)
+    for key in ("self_cuda_time_total", "cpu_time_total"):
+        P(f"--- {label}: top ops by {key}")
+        P(prof.key_averages().table(sort_by=key, row_limit=10, max_name_column_width=60))
+
+
+def decode_parts_rows(rows: Rows, left, small: bool = False):
+    from qedprobe.hf import adapt, inject_qed
+    B, Tg = (2, 64) if small else (GENERATE["B"], GENERATE["T"])
+    for HV in (16, 32):
+        if left() < 60:
+            P("budget: decode_parts rows cut")
+            return
+        with torch.no_grad():
+            model = random_qwen35(HV, small)
+            ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
+            run = cached_decode(model, ids, GENERATE["steps"])
+            shape = f"B{B} T{Tg} HV{HV} decode"
+            native = (median_of(run), None)
+            rows.add("native decode forward (cache)", shape, native)
+            profile_table(run, f"native, {HV} value heads")
+            adapted = adapt(model)
+            rows.add("adapted decode forward, nothing hooked", shape, (median_of(run), None), native)
+            inject_qed(adapted, 0.1, arm="full")
+            with adapted.hooks(fwd_hooks=PROBE_HOOKS):
+                rows.add("injected decode forward, hook_e + hook_Sd", shape, (median_of(run), None), native)
+                profile_table(run, f"injected + hook_e, hook_Sd, {HV} value heads")
+            del model, adapted
+        torch.cuda.empty_cache()
 
 
 def decoder_rows(rows: Rows, left, small: bool = False):
@@ -320,7 +391,8 @@ def main() -> int:
     start = time.time()
     left = lambda: a.budget - (time.time() - start)  # noqa: E731
     rows = Rows(a.json, a.commit)
-    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows)
+    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows,
+                   decode_parts=decode_parts_rows)
     for name in sections:
         runners[name](rows, left)
     P(rows.table())
