@@ -346,12 +346,13 @@ def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tupl
 
 def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=None,
                       config: tuple[int, int, int] | None = None) -> None:
-    """Launch ``qed_scalar_output_kernel`` (grid: chunks x value blocks, value heads) of the
-    scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T * Dec) R)`` from the Gram stage's
-    normalised queries and keys (``intra``: ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T``
-    formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
-    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). ``config``
-    ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""
+    """Launch ``qed_scalar_output_kernel`` (grid: value heads x chunks x value blocks,
+    :func:`~.chunk_common.heads_first`) of the scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T
+    * Dec) R)`` from the Gram stage's normalised queries and keys (``intra``:
+    ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T`` formed here rather than stored; with
+    ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
+    ``x`` (``chunk_intra.DirectionInputs``). ``config`` ``(BV, num_warps, num_stages)`` overrides
+    the rule (for screening configurations)."""
     B, T, H, K = intra.kn.shape
     HV, V = r.shape[2], r.shape[-1]
     BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)

@@ -131,7 +131,8 @@ def qed_inverse_kernel(
 
 
 def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.dtype) -> torch.Tensor:
-    """``(I + A_kk)^{-1}`` per chunk, ``[B, T, HV, BT]`` (``qed_inverse_kernel``): computed in the
+    """``(I + A_kk)^{-1}`` per chunk, ``[B, T, HV, BT]`` (``qed_inverse_kernel``, grid: value heads x
+    chunks, :func:`~.chunk_common.heads_first`): computed in the
     state dtype, stored in ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse); only
     its blocks on and below the diagonal are written (readers mask to the lower triangle)."""
     B, T, HV, bt = akk.shape
@@ -258,10 +259,11 @@ def qed_scalar_wy_kernel(
 
 def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *, lay: ChunkLayout,
                   config: tuple[int, int, int] | None = None) -> WYFactors:
-    """Launch ``qed_scalar_wy_kernel`` (grid: chunks x value heads): ``W = Ai (a e^G)`` with the
-    erase vector ``a = alpha k_hat + gamma x`` built from the Gram stage's normalised keys
-    (queries), its per-row ``alpha, gamma, G`` and the arm's direction source in ``x``
-    (``chunk_intra.DirectionInputs``), and ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
+    """Launch ``qed_scalar_wy_kernel`` (grid: value heads x chunks,
+    :func:`~.chunk_common.heads_first`): ``W = Ai (a e^G)`` with the erase vector ``a = alpha
+    k_hat + gamma x`` built from the Gram stage's normalised keys (queries), its per-row ``alpha,
+    gamma, G`` and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``), and
+    ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
     ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
     B, T, H, K = gram.kn.shape
     bs, num_warps, num_stages = config or (SCALAR_WY_SLICE, WY_WARPS, 1)

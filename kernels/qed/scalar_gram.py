@@ -153,11 +153,11 @@ def gram_warps(K: int) -> int:
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
                     probes: bool, direction: bool = True,
                     config: tuple[int, int] | None = None) -> tuple[ScalarGram, torch.Tensor]:
-    """Launch ``qed_scalar_gram_kernel`` (grid: chunks x query/key heads) on per-head ``g`` and
-    ``x.b`` (``[B, T, HV]``); with ``probes`` it writes ``rho, e, c`` and, with ``direction`` too,
-    ``d``. Returns ``(gram, akk)``, ``akk`` the scores ``[B, T, HV, BT]`` (state dtype) apart so
-    that the caller can free them once inverted. ``config`` ``(num_warps, num_stages)`` overrides
-    the rule (for screening)."""
+    """Launch ``qed_scalar_gram_kernel`` (grid: query/key heads x chunks,
+    :func:`~.chunk_common.heads_first`) on per-head ``g`` and ``x.b`` (``[B, T, HV]``); with
+    ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
+    ``akk`` the scores ``[B, T, HV, BT]`` (state dtype) apart so that the caller can free them once
+    inverted. ``config`` ``(num_warps, num_stages)`` overrides the rule (for screening)."""
     num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
     B, T, H, K = x.q.shape
     HV = g.shape[2]
