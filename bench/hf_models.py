@@ -145,8 +145,18 @@ def native_gdn():
     return chunk_gated_delta_rule, label
 
 
+def flash_qla_gdn():
+    """FlashQLA's own ``chunk_gated_delta_rule`` (fla's arguments), or None where it is not installed."""
+    try:
+        from flash_qla import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule
+
+
 def op_rows(rows: Rows, left):
     fla_op, label = native_gdn()
+    fq_op = flash_qla_gdn()
     for B, T in OP_SHAPES:
         for HV in VALUE_HEADS:
             if left() < 20:
@@ -155,7 +165,12 @@ def op_rows(rows: Rows, left):
             x = gdn_inputs(B, T, QK_HEADS, HV)
             native = measure(native_fn(fla_op, x))
             rows.add(label, shape_of(x), native)
-            rows.add("qed_chunk full, per-head gates", shape_of(x), measure(qed_fn(x)), native)
+            qed = measure(qed_fn(x))
+            rows.add("qed_chunk full, per-head gates", shape_of(x), qed, native)
+            if fq_op is not None:
+                flash_qla = measure(native_fn(fq_op, x))
+                rows.add("FlashQLA chunk_gated_delta_rule", shape_of(x), flash_qla)
+                rows.add("qed_chunk full, per-head gates, against FlashQLA", shape_of(x), qed, flash_qla)
             rows.add("qed_chunk full, per-head gates + probes", shape_of(x), measure(qed_fn(x, probes=True)), native)
             rows.add("qed_chunk full, per-head gates + probes e, Sd", shape_of(x),
                      measure(qed_fn(x, probes=("e", "Sd"))), native)
