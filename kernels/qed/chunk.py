@@ -75,7 +75,7 @@ from .chunk_common import ChunkLayout, chunk_layout, interpreting
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
 from .chunk_scan import chunk_output_fwd, chunk_state_fwd, scalar_output_fwd
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
-from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device, probe_request
+from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device, probe_request, selected_probes
 from .scalar_gram import scalar_gram_fwd
 
 Tensor = torch.Tensor
@@ -183,8 +183,7 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
     scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
-    every = {"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e}
-    return o, ht, {name: every[name] for name in want} if want else None
+    return o, ht, selected_probes({"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e}, want)
 
 
 def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_state, return_probes,
@@ -212,8 +211,7 @@ def _forward(P, q, k, v, g, b, w, lam, arm, z, d, initial_state, output_final_st
     hs, r = run_scan(P, lay, intra, h0=h0, ht=ht)
     chunk_output_fwd(lay, qg=intra.prep.qg, aqk=intra.aqk, hs=hs, r=r, o=o,
                      dg=intra.prep.dg if want else None, adk=intra.adk, sd=sd)
-    every = {"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}
-    return o, ht, {name: every[name] for name in want} if want else None, intra
+    return o, ht, selected_probes({"rho": intra.prep.rho, "d": intra.prep.d, "Sd": sd, "e": intra.prep.e}, want), intra
 
 
 class _QEDChunkFunction(torch.autograd.Function):

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .arms import direction_flags
-from .inputs import QEDOutput, check_qed_inputs, on_input_device, probe_request
+from .inputs import QEDOutput, check_qed_inputs, on_input_device, probe_request, selected_probes
 
 Tensor = torch.Tensor
 
@@ -267,7 +267,7 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
         **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
         DT=tl.float64 if ct == torch.float64 else tl.float32, num_warps=num_warps,
     )
-    return o, final_state, probes and {name: probes[name] for name in want}
+    return o, final_state, selected_probes(probes, want)
 
 
 @on_input_device

@@ -61,6 +61,12 @@ def probe_request(op: str, return_probes) -> tuple[str, ...]:
     return tuple(n for n in PROBE_NAMES if n in set(return_probes))
 
 
+def selected_probes(every: dict, want: tuple[str, ...]) -> dict | None:
+    """The op's ``probes`` result: the entries of ``every`` named in ``want`` (:func:`probe_request`),
+    or None when none is asked for."""
+    return {name: every[name] for name in want} if want else None
+
+
 _VALUE_CHECKS = contextvars.ContextVar("qedprobe_value_checks", default=False)
 
 
