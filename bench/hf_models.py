@@ -261,6 +261,11 @@ PROBE_HOOKS = [(lambda name: name.endswith(("hook_e", "hook_Sd")), lambda act, h
 """What the hooked rows record: ``hook_e`` and ``hook_Sd`` of every layer (the hook keeps nothing)."""
 
 
+def generate_batch(small: bool) -> tuple[int, int]:
+    """``(B, T)`` of the decode rows' prompts: :data:`GENERATE`'s, or a tiny one."""
+    return (2, 64) if small else (GENERATE["B"], GENERATE["T"])
+
+
 def timed(fn, repeat: int = 3) -> tuple[float, float]:
     """``(ms, peak_gb)``: median wall time of ``repeat`` synchronised calls after one warm-up (the
     decoder's calls take up to seconds, so the host clock is exact enough), and the peak memory."""
@@ -294,7 +299,7 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
     model = random_qwen35(HV, small)
     vocab = model.config.vocab_size
     lengths = (256,) if small else DECODER_LENGTHS
-    B, Tg = (2, 64) if small else (GENERATE["B"], GENERATE["T"])
+    B, Tg = generate_batch(small)
     prompts = {T: torch.randint(2, vocab, (1, T), device=DEV) for T in lengths}
     gen_ids = torch.randint(2, vocab, (B, Tg), device=DEV)
     prefill = lambda ids: lambda: model(ids, use_cache=False, logits_to_keep=1)  # noqa: E731
@@ -337,6 +342,7 @@ def cached_decode(model, ids, steps: int):
 
 
 def median_of(run, repeat: int = 3) -> float:
+    """The median of ``repeat`` results of ``run()`` (each a time it measured itself) after one warm-up."""
     run()
     return sorted(run() for _ in range(repeat))[repeat // 2]
 
@@ -353,7 +359,7 @@ def profile_table(run, label: str) -> None:
 
 def decode_parts_rows(rows: Rows, left, small: bool = False):
     from qedprobe.hf import adapt, inject_qed
-    B, Tg = (2, 64) if small else (GENERATE["B"], GENERATE["T"])
+    B, Tg = generate_batch(small)
     for HV in (16, 32):
         if left() < 60:
             P("budget: decode_parts rows cut")
