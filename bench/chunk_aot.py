@@ -97,7 +97,7 @@ def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int |
                   **opt(hats, qs="*fp32", kh="*fp32", a_out="*fp32")),
              dict(H=H, HV=H, K=K, BT=BT, DT=tl.float32, IS_VARLEN=False, LAM_TOKEN=False, cu_seqlens=None,
                   chunk_indices=None, z=None, d_in=None, **FULL, BKS=min(chunk_intra.PREP_BKS, K), L2NORM=True,
-                  PROBES=probes, HATS=hats, B_HEAD=False, **absent(probes, "dg", "rho", "eig", "d_out"),
+                  PROBES=probes, HATS=hats, B_HEAD=False, HEADS_FIRST=True, **absent(probes, "dg", "rho", "eig", "d_out"),
                   **absent(hats, "qs", "kh", "a_out")),
              warps or chunk_intra.PREP_WARPS, maxnreg=chunk_intra.prep_maxnreg(probes, hats))
 
@@ -119,7 +119,7 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
                         scale="fp32", **opt("adk", f"*{io}"))
     compile_(chunk_intra.qed_scores_kernel, scores_types,
              dict(common, **dirs, BC=BC, BKS=min(scores_bks or chunk_intra.SCORES_BKS, K), PREC=prec,
-                  SPAN=chunk_intra.SPAN_MAX, PROBES=probes, B_HEAD=False, **absent("adk")),
+                  SPAN=chunk_intra.SPAN_MAX, PROBES=probes, B_HEAD=False, HEADS_FIRST=True, **absent("adk")),
              warps or chunk_intra.SCORES_WARPS)
     if not probes:  # the inverse and W/U kernels do not depend on the probes
         compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
@@ -128,8 +128,8 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
         compile_(chunk_wy.qed_wy_kernel,
                  dict(ag=f"*{io}", v=f"*{io}", w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
                  dict(HV=H, K=K, V=V, BT=BT, BKS=min(chunk_wy.WY_BKS, K), BVS=min(chunk_wy.WY_BVS, V), W_HEAD=False,
-                      DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None),
-                 warps or chunk_wy.WY_WARPS)
+                      DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None,
+                      HEADS_FIRST=True), warps or chunk_wy.WY_WARPS)
     dtype = torch.float32 if fp32 else torch.bfloat16
     BK = triton.next_power_of_2(K)
     # the state scan (independent of the probes) at each configuration its rule can take: many
@@ -143,7 +143,8 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
              dict(qg=f"*{io}", aqk=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32", **opt("dg", f"*{io}"),
                   **opt("adk", f"*{io}"), **opt("sd", "*fp32")),
              dict(HV=H, K=K, V=V, BT=BT, BK=min(chunk_scan.OUTPUT_KEY_BLOCK, BK), BV=out_bv, PREC=prec,
-                  PROBES=probes, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None, **absent("dg", "adk", "sd")),
+                  PROBES=probes, IS_VARLEN=False, cu_seqlens=None, chunk_indices=None, HEADS_FIRST=True,
+                  **absent("dg", "adk", "sd")),
              warps or out_warps, chunk_scan.OUTPUT_STAGES)
 
 

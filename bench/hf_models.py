@@ -23,13 +23,16 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   and fla's ``chunk_gated_delta_rule`` at 1 x 32K with 32 value heads.
 * ``decoder``: a random Qwen3.5-shaped model adapted with ``qedprobe.hf`` (nothing hooked; QED
   injected with ``hook_e`` and ``hook_Sd`` hooked) against the native model: prefill at 32K and
-  128K, peak memory, a decode step inside ``generate`` (only where ``qedprobe.hf`` offers
-  ``adapt`` and ``inject_qed``).
-* ``decode_parts``: the same models' decode step outside ``generate``: a prefill of B = 8 prompts
-  of 8K with a cache, then 8 forwards of one token each (what ``generate``'s loop runs, without its
-  bookkeeping), native / adapted / injected and hooked, ms per step (median of 3), and a
-  torch.profiler table of the injected steps and the native ones (by CUDA time and by CPU time)
-  printed to the log: where a hooked decode step's time goes.
+  128K with peak memory, and the decode steps inside ``generate`` (B = 8 prompts of 8K, 16 steps,
+  each timed by a stopping criterion that reads a synchronised clock after every token). A decode
+  step of this model is bound by the host's launches (about 5 ms of GPU work in 30 ms), whose
+  speed drifts between runs by more than the targets' margins, so the three variants are
+  measured in alternating rounds (the model adapted and detached again in each) and each row is
+  the median over all rounds' steps.
+* ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
+  then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
+  alternated as above, and a torch.profiler table of the native and the injected, hooked steps
+  (by CUDA time and by CPU time) printed to the log: where a hooked decode step's time goes.
 
 Rows ``name, shape, ms, native_ms, ratio, peak_gb, native_peak_gb`` plus ``device, date,
 commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set, else
@@ -43,6 +46,7 @@ import datetime
 import functools
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -234,7 +238,7 @@ def parts_rows(rows: Rows, left):
 
 
 DECODER_LENGTHS = (32768, 131072)
-GENERATE = dict(B=8, T=8192, steps=8)
+GENERATE = dict(B=8, T=8192, steps=16)
 
 
 def qwen35_config(HV: int, small: bool):
@@ -281,53 +285,43 @@ def timed(fn, repeat: int = 3) -> tuple[float, float]:
     return sorted(times)[len(times) // 2], torch.cuda.max_memory_allocated() / 2 ** 30
 
 
-def decode_step(hf_model, ids) -> tuple[float, float]:
-    """ms of one decode step inside ``generate``: the median of 3 calls generating
-    ``1 + GENERATE["steps"]`` tokens less the median of 3 generating one, over the steps (one pair of
-    calls varied by more than the targets' margins)."""
-    def gen(n):
-        return lambda: hf_model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    one, peak = timed(gen(1))
-    more, _ = timed(gen(1 + GENERATE["steps"]))
-    return (more - one) / GENERATE["steps"], peak
+class StepClock:
+    """A ``generate`` stopping criterion that stops nothing and reads a synchronised clock after
+    every token: the differences of its ``stamps`` are the decode steps as ``generate`` runs them
+    (its own loop already waits for the GPU once a step, to test whether every sequence ended)."""
+
+    def __init__(self):
+        self.stamps = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def steps_ms(self) -> list[float]:
+        return [1e3 * (b - a) for a, b in zip(self.stamps, self.stamps[1:])]
 
 
-def decoder_shape(rows: Rows, HV: int, small: bool, left):
-    """Native, adapted (nothing hooked), and injected with ``hook_e`` / ``hook_Sd`` hooked:
-    prefill at each length of :data:`DECODER_LENGTHS` and a decode step inside ``generate``."""
-    from qedprobe.hf import adapt, inject_qed
-    model = random_qwen35(HV, small)
-    vocab = model.config.vocab_size
-    lengths = (256,) if small else DECODER_LENGTHS
-    B, Tg = generate_batch(small)
-    prompts = {T: torch.randint(2, vocab, (1, T), device=DEV) for T in lengths}
-    gen_ids = torch.randint(2, vocab, (B, Tg), device=DEV)
-    prefill = lambda ids: lambda: model(ids, use_cache=False, logits_to_keep=1)  # noqa: E731
-    native = {T: timed(prefill(ids)) for T, ids in prompts.items() if left() > 60}
-    native_gen = decode_step(model, gen_ids)
-    adapted = adapt(model)
-    for T, ids in prompts.items():
-        if T not in native:
-            continue
-        shape = f"B1 T{T} HV{HV}"
-        rows.add("native prefill (transformers + fla)", shape, native[T])
-        rows.add("adapted prefill, nothing hooked", shape, timed(prefill(ids)), native[T])
-    shape = f"B{B} T{Tg} HV{HV} decode"
-    rows.add("native decode step in generate", shape, native_gen)
-    rows.add("adapted decode step in generate, nothing hooked", shape, decode_step(model, gen_ids), native_gen)
-    inject_qed(adapted, 0.1, arm="full")
-    with adapted.hooks(fwd_hooks=PROBE_HOOKS):
-        for T, ids in prompts.items():
-            if T in native:
-                rows.add("injected prefill, hook_e + hook_Sd", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
-        rows.add("injected decode step, hook_e + hook_Sd", shape, decode_step(model, gen_ids), native_gen)
+def generate_steps(hf_model, ids):
+    """``measure() -> [ms]``: each decode step of one ``hf_model.generate`` call on ``ids`` that
+    makes ``1 + GENERATE["steps"]`` tokens (greedy), timed inside ``generate`` by a
+    :class:`StepClock` (the prefill and its first token are not a step)."""
+    from transformers import StoppingCriteriaList
+
+    def measure() -> list[float]:
+        clock = StepClock()
+        n = 1 + GENERATE["steps"]
+        hf_model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                          stopping_criteria=StoppingCriteriaList([clock]))
+        return clock.steps_ms()
+    return measure
 
 
 def cached_decode(model, ids, steps: int):
-    """``run(profiler=None) -> ms``: a prefill of ``ids`` with a cache, then ``steps`` forwards of
+    """``run(profiler=None) -> [ms]``: a prefill of ``ids`` with a cache, then ``steps`` forwards of
     one greedy token each with the cache; ms per decode forward (the prefill untimed), the decode
     part inside ``profiler`` when one is given."""
-    def run(profiler=None) -> float:
+    def run(profiler=None) -> list[float]:
         out = model(ids, use_cache=True, logits_to_keep=1)
         cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
         torch.cuda.synchronize()
@@ -337,14 +331,41 @@ def cached_decode(model, ids, steps: int):
                 out = model(tok, past_key_values=cache, use_cache=True)
                 tok = out.logits[:, -1:].argmax(-1)
             torch.cuda.synchronize()
-        return 1e3 * (time.perf_counter() - t0) / steps
+        return [1e3 * (time.perf_counter() - t0) / steps]
     return run
 
 
-def median_of(run, repeat: int = 3) -> float:
-    """The median of ``repeat`` results of ``run()`` (each a time it measured itself) after one warm-up."""
-    run()
-    return sorted(run() for _ in range(repeat))[repeat // 2]
+DECODE_VARIANTS = ("native", "adapted, nothing hooked", "injected, hook_e + hook_Sd")
+
+
+def interleaved_decode(model, measure, rounds: int = 3) -> dict[str, float]:
+    """``{variant: median ms}`` of ``measure()`` (a list of step times) for each of
+    :data:`DECODE_VARIANTS` of ``model``: native, adapted with nothing hooked, and with QED
+    injected (lambda 0.1, arm ``full``) and :data:`PROBE_HOOKS` attached; the model is adapted and
+    detached again in each of ``rounds`` rounds (after one round of warm-up), so that the host's
+    drifts, which move a launch-bound decode step by more than the targets' margins between runs,
+    fall on the three alike."""
+    from qedprobe.hf import adapt, inject_qed
+    got = {name: [] for name in DECODE_VARIANTS}
+    for r in range(1 + rounds):
+        times = {DECODE_VARIANTS[0]: measure()}
+        adapted = adapt(model)
+        times[DECODE_VARIANTS[1]] = measure()
+        inject_qed(adapted, 0.1, arm="full")
+        with adapted.hooks(fwd_hooks=PROBE_HOOKS):
+            times[DECODE_VARIANTS[2]] = measure()
+        adapted.detach()
+        if r:
+            for name, t in times.items():
+                got[name] += t
+    return {name: statistics.median(t) for name, t in got.items()}
+
+
+def decode_rows_of(rows: Rows, label: str, shape: str, ms: dict[str, float]) -> None:
+    """One row per :data:`DECODE_VARIANTS` entry of ``ms``, each against the native one."""
+    native = (ms[DECODE_VARIANTS[0]], None)
+    for name in DECODE_VARIANTS:
+        rows.add(f"{label} ({name})", shape, (ms[name], None), None if name == DECODE_VARIANTS[0] else native)
 
 
 def profile_table(run, label: str) -> None:
@@ -355,6 +376,36 @@ def profile_table(run, label: str) -> None:
     for key in ("self_cuda_time_total", "cpu_time_total"):
         P(f"--- {label}: top ops by {key}")
         P(prof.key_averages().table(sort_by=key, row_limit=10, max_name_column_width=60))
+
+
+def decoder_shape(rows: Rows, HV: int, small: bool, left):
+    """Native, adapted (nothing hooked), and injected with ``hook_e`` / ``hook_Sd`` hooked:
+    prefill at each length of :data:`DECODER_LENGTHS`, then the decode steps inside ``generate``
+    (:func:`interleaved_decode`)."""
+    from qedprobe.hf import adapt, inject_qed
+    model = random_qwen35(HV, small)
+    vocab = model.config.vocab_size
+    lengths = (256,) if small else DECODER_LENGTHS
+    B, Tg = generate_batch(small)
+    prompts = {T: torch.randint(2, vocab, (1, T), device=DEV) for T in lengths}
+    prefill = lambda ids: lambda: model(ids, use_cache=False, logits_to_keep=1)  # noqa: E731
+    native = {T: timed(prefill(ids)) for T, ids in prompts.items() if left() > 60}
+    adapted = adapt(model)
+    for T, ids in prompts.items():
+        if T not in native:
+            continue
+        shape = f"B1 T{T} HV{HV}"
+        rows.add("native prefill (transformers + fla)", shape, native[T])
+        rows.add("adapted prefill, nothing hooked", shape, timed(prefill(ids)), native[T])
+    inject_qed(adapted, 0.1, arm="full")
+    with adapted.hooks(fwd_hooks=PROBE_HOOKS):
+        for T, ids in prompts.items():
+            if T in native:
+                rows.add("injected prefill, hook_e + hook_Sd", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
+    adapted.detach()
+    gen_ids = torch.randint(2, vocab, (B, Tg), device=DEV)
+    decode_rows_of(rows, "decode step in generate", f"B{B} T{Tg} HV{HV} decode",
+                   interleaved_decode(model, generate_steps(model, gen_ids)))
 
 
 def decode_parts_rows(rows: Rows, left, small: bool = False):
@@ -368,16 +419,12 @@ def decode_parts_rows(rows: Rows, left, small: bool = False):
             model = random_qwen35(HV, small)
             ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
             run = cached_decode(model, ids, GENERATE["steps"])
-            shape = f"B{B} T{Tg} HV{HV} decode"
-            native = (median_of(run), None)
-            rows.add("native decode forward (cache)", shape, native)
+            decode_rows_of(rows, "decode forward (cache)", f"B{B} T{Tg} HV{HV} decode", interleaved_decode(model, run))
             profile_table(run, f"native, {HV} value heads")
-            adapted = adapt(model)
-            rows.add("adapted decode forward, nothing hooked", shape, (median_of(run), None), native)
-            inject_qed(adapted, 0.1, arm="full")
+            adapted = inject_qed(adapt(model), 0.1, arm="full")
             with adapted.hooks(fwd_hooks=PROBE_HOOKS):
-                rows.add("injected decode forward, hook_e + hook_Sd", shape, (median_of(run), None), native)
                 profile_table(run, f"injected + hook_e, hook_Sd, {HV} value heads")
+            adapted.detach()
             del model, adapted
         torch.cuda.empty_cache()
 

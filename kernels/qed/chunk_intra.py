@@ -52,8 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_position, exp, gate_head, gate_tile,
-                           load_tile, store_tile)
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, exp, gate_head, gate_tile,
+                           heads_first, load_tile, store_tile)
 
 SPAN_MAX = 30.0
 """Largest within-block decay span (nats) for which a diagonal block uses the reference-point
@@ -244,9 +244,9 @@ def qed_prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
-    HATS: tl.constexpr, B_HEAD: tl.constexpr,
+    HATS: tl.constexpr, B_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
     q, k, b, lam = head_pointers(q, k, b, lam, i_hv, H, HV, K, B_HEAD)
@@ -365,7 +365,8 @@ class Prepared:
 
 def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: ChunkLayout,
                    inter_dtype: torch.dtype, probes: bool, hats: bool = False) -> Prepared:
-    """Launch ``qed_prep_kernel`` (grid: chunks x value heads) and return its outputs; ``qs, kh,
+    """Launch ``qed_prep_kernel`` (grid: value heads x chunks, :func:`~.chunk_common.heads_first`)
+    and return its outputs; ``qs, kh,
     a`` are written only with ``hats`` (the backward's rerun of the prep, for its scores kernel)."""
     B, T, HV = g.shape[:3]
     K = x.q.shape[-1]
@@ -377,13 +378,14 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
                    dg=bk(inter_dtype) if probes else None, rho=row() if probes else None,
                    e=row() if probes else None, d=bk(ct) if probes else None,
                    qs=bk(ct) if hats else None, kh=bk(ct) if hats else None, a=bk(ct) if hats else None)
-    qed_prep_kernel[lay.grid](
+    grid, first = heads_first(lay.grid)
+    qed_prep_kernel[grid](
         q=x.q, k=x.k, b=x.b, g=g, lam=x.lam, z=x.z, d_in=x.d,
         rq=out.rq, rk=out.rk, cp=out.cp, gc=out.gc, kg=out.kg, qg=out.qg, ag=out.ag, gl=out.gl, dg=out.dg,
         rho=out.rho, eig=out.e, d_out=out.d, qs=out.qs, kh=out.kh, a_out=out.a,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
-        L2NORM=x.l2norm, **x.flags, DT=lay.DT, num_warps=PREP_WARPS, num_stages=1, maxnreg=prep_maxnreg(probes, hats),
+        L2NORM=x.l2norm, **x.flags, DT=lay.DT, HEADS_FIRST=first, num_warps=PREP_WARPS, num_stages=1, maxnreg=prep_maxnreg(probes, hats),
     )
     return out
 
@@ -456,15 +458,14 @@ def qed_scores_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BKS: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DT: tl.constexpr,
     PREC: tl.constexpr, SPAN: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PROBES: tl.constexpr, B_HEAD: tl.constexpr,
+    PROBES: tl.constexpr, B_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     """Row block ``i_i`` (``BC`` tokens) of one chunk's ``A_qk, A_kk, A_dk``, grid ``(chunks x
     BT // BC, B * HV)`` with the row blocks of a chunk next to each other in axis 0: they read the
     same key rows, which the later blocks then find in L2."""
     NB: tl.constexpr = BT // BC
-    i_x = tl.program_id(0)
-    i_hv, i_t, _i_g, bos, eos = chunk_at(i_x // NB, tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
-                                         IS_VARLEN)
+    i_x, i_bh = chunk_axes(HEADS_FIRST)
+    i_hv, i_t, _i_g, bos, eos = chunk_at(i_x // NB, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_i = i_x % NB
     c0 = bos + i_t * BT
     r_s = c0 + i_i * BC                          # reference row: the block's first
@@ -557,18 +558,20 @@ class Scores:
 
 def chunk_scores_fwd(x: DirectionInputs, prep: Prepared, *, scale: float, lay: ChunkLayout,
                      inter_dtype: torch.dtype, probes: bool) -> Scores:
-    """Launch ``qed_scores_kernel`` (grid: chunks x ``BT // BC`` row blocks, value heads)."""
+    """Launch ``qed_scores_kernel`` (grid: value heads x (chunks x ``BT // BC`` row blocks),
+    :func:`~.chunk_common.heads_first`)."""
     B, T, HV, K = prep.gc.shape
     dev = prep.gc.device
     out = Scores(aqk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype),
                  akk=torch.empty(B, T, HV, BT, device=dev, dtype=lay.state_dtype),
                  adk=torch.empty(B, T, HV, BT, device=dev, dtype=inter_dtype) if probes else None)
-    qed_scores_kernel[(lay.grid[0] * (BT // BC), lay.grid[1])](
+    grid, first = heads_first(lay.grid, BT // BC)
+    qed_scores_kernel[grid](
         q=x.q, k=x.k, b=x.b, lam=x.lam, z=x.z, d_in=x.d, gc=prep.gc, rq=prep.rq, rk=prep.rk, cp=prep.cp,
         aqk=out.aqk, akk=out.akk, adk=out.adk,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BC=BC, BKS=min(SCORES_BKS, triton.next_power_of_2(K)),
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec,
-        SPAN=SPAN_MAX, num_warps=SCORES_WARPS, num_stages=1,
+        SPAN=SPAN_MAX, HEADS_FIRST=first, num_warps=SCORES_WARPS, num_stages=1,
     )
     return out

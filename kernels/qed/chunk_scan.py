@@ -134,12 +134,11 @@ def qed_output_kernel(
     cu_seqlens, chunk_indices, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
-    i_x = tl.program_id(0)
-    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, tl.program_id(1), cu_seqlens, chunk_indices, T, HV, BT,
-                                        IS_VARLEN)
+    i_x, i_bh = chunk_axes(HEADS_FIRST)
+    i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_v = i_x % NV
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
     rows, m_t, _, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
@@ -255,10 +254,9 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=N
 
 def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, sd=None,
                      config: tuple[int, int, int, int] | None = None) -> None:
-    """Launch ``qed_output_kernel`` (grid: chunks x value blocks, value heads; the value blocks of a
-    chunk next to each other in axis 0, so that the second reads the chunk's ``qg, A_qk`` (``dg,
-    A_dk``) from L2): writes ``o`` and,
-    with probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps, key_block, num_stages)``
+    """Launch ``qed_output_kernel`` (grid: value heads x (chunks x value blocks),
+    :func:`~.chunk_common.heads_first`; the value blocks of a chunk run close together, so that
+    the second reads the chunk's ``qg, A_qk`` (``dg, A_dk``) from L2): writes ``o`` and, with probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps, key_block, num_stages)``
     overrides :func:`output_config` and ``OUTPUT_KEY_BLOCK``, ``OUTPUT_STAGES`` (for screening
     configurations, ``scripts/scan_configs.py``)."""
     _, T, HV, K = qg.shape
@@ -268,11 +266,12 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     if key_block < 16 or key_block & (key_block - 1):
         raise ValueError(f"qed_output_kernel: the key block (chunk_scan.OUTPUT_KEY_BLOCK) must be a power of "
                          f"two of at least 16 (a tl.dot operand's side), got {key_block}")
-    qed_output_kernel[(lay.grid[0] * triton.cdiv(V, BV), lay.grid[1])](
+    grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
+    qed_output_kernel[grid](
         qg=qg, dg=dg, aqk=aqk, adk=adk, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BK=min(key_block, triton.next_power_of_2(K)), BV=BV, PREC=lay.prec,
-        num_warps=num_warps, num_stages=num_stages,
+        HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
     )
 
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, chunk_position, exp, gate_head,
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, exp, gate_head,
                            gate_tile, heads_first, load_tile, store_tile)
 
 WY_BKS = 32
@@ -158,8 +158,9 @@ def qed_wy_kernel(
     cu_seqlens, chunk_indices, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     BVS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr, W_HEAD: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
@@ -206,17 +207,19 @@ class WYFactors:
 
 def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *,
                  lay: ChunkLayout) -> WYFactors:
-    """Launch ``qed_wy_kernel`` (grid: chunks x value heads) on ``ag = a e^G`` (its dtype is that
+    """Launch ``qed_wy_kernel`` (grid: value heads x chunks, :func:`~.chunk_common.heads_first`) on ``ag = a e^G`` (its dtype is that
     of the products and of ``W, U``), the values and write gate, and ``Ai``."""
     B, T, HV, K = ag.shape
     V = v.shape[-1]
     out = WYFactors(w=torch.empty_like(ag), u=torch.empty(B, T, HV, V, device=v.device, dtype=ag.dtype))
     head_w = w_gate.dim() == 3
-    qed_wy_kernel[lay.grid](
+    grid, first = heads_first(lay.grid)
+    qed_wy_kernel[grid](
         ag=ag, v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BKS=min(WY_HEAD_SLICE if head_w else WY_BKS, triton.next_power_of_2(K)),
-        BVS=min(WY_HEAD_SLICE if head_w else WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, num_warps=WY_WARPS, num_stages=1,
+        BVS=min(WY_HEAD_SLICE if head_w else WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first,
+        num_warps=WY_WARPS, num_stages=1,
     )
     return out
 

@@ -10,8 +10,19 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 
+def has_hook(hook: HookPoint) -> bool:
+    """Whether ``hook`` has a TransformerLens hook (forward or backward; ``add_hook``, ``hooks``,
+    ``run_with_hooks``, ``run_with_cache``): the lists ``HookPoint.has_hooks`` reads, without its
+    per-handle filtering, because a launch-bound decode step asks this of every hook point of
+    every layer at every token."""
+    return bool(hook.fwd_hooks or hook.bwd_hooks)
+
+
 def through(hook: HookPoint, x: torch.Tensor, *shapes: tuple) -> torch.Tensor:
-    """``hook(x)``, checked to be a tensor of one of ``shapes`` (default: ``x``'s shape)."""
+    """``hook(x)``, checked to be a tensor of one of ``shapes`` (default: ``x``'s shape); ``x``
+    itself, without a module call, where ``hook`` has no hook (:func:`has_hook`)."""
+    if not has_hook(hook):
+        return x
     out = hook(x)
     allowed = [tuple(s) for s in shapes] or [tuple(x.shape)]
     if not isinstance(out, torch.Tensor) or tuple(out.shape) not in allowed:

@@ -47,7 +47,7 @@ from transformer_lens.hook_points import HookPoint
 from qedprobe.kernels.qed import erase_direction, l2_normalize
 from qedprobe.ops import qed_attention
 
-from .hookio import observe, through
+from .hookio import has_hook, observe, through
 
 
 def _gate_through(hook: HookPoint, x: torch.Tensor, width: int) -> torch.Tensor:
@@ -77,6 +77,8 @@ class HookedRecurrence(nn.Module):
         self.hook_rho = HookPoint()  # [B, T, H] q_hat . k_hat
         self.hook_Sd = HookPoint()  # [B, T, H, V] S_bar^T d (mixed case: the probe's name "Sd")
         self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
+        self._hook_points = (self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w, self.hook_g,
+                             self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd, self.hook_e, self.hook_o)
 
     def probe_hooks(self) -> dict[str, HookPoint]:
         """The read-only probe hook points by probe name (the op's ``probes`` keys)."""
@@ -84,13 +86,12 @@ class HookedRecurrence(nn.Module):
 
     def hook_points(self) -> tuple[HookPoint, ...]:
         """Every hook point of the recurrence, inputs first, in the order they fire."""
-        return (self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w, self.hook_g,
-                self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd, self.hook_e, self.hook_o)
+        return self._hook_points
 
     def is_hooked(self) -> bool:
         """Whether any hook point of the recurrence has a hook (forward or backward): a host-side
-        check of the modules' hook tables, no device work."""
-        return any(hook.has_hooks() for hook in self.hook_points())
+        check of the hook points' hook lists, no device work."""
+        return any(has_hook(hook) for hook in self._hook_points)
 
     def _query_key(self, q: torch.Tensor, k: torch.Tensor, group_size: int) -> tuple:
         """q and k through their hooks, one copy per value head (``[B, T, Hk, K]`` ->
