@@ -3,7 +3,7 @@
 CUDA only; not a test.
 
     PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,kda,decode,decoder]
-        [--budget S]
+        [--budget S] [--value-heads 16,32]
 
 Everything is timed in one process on one card (median of ``triton.testing.do_bench``; peak GPU
 memory of one call, inputs included, from ``torch.cuda.max_memory_allocated``); bf16 ``q, k, v``,
@@ -238,6 +238,8 @@ def parts_rows(rows: Rows, left):
 
 
 DECODER_LENGTHS = (32768, 131072)
+DECODER_VALUE_HEADS = (16, 32)
+"""Value heads of the Qwen3.5-shaped models (0.8B's 16; 4B / 9B's 32), ``--value-heads``."""
 GENERATE = dict(B=8, T=8192, steps=16)
 
 
@@ -408,10 +410,10 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
                    interleaved_decode(model, generate_steps(model, gen_ids)))
 
 
-def decode_parts_rows(rows: Rows, left, small: bool = False):
+def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
     from qedprobe.hf import adapt, inject_qed
     B, Tg = generate_batch(small)
-    for HV in (16, 32):
+    for HV in value_heads:
         if left() < 60:
             P("budget: decode_parts rows cut")
             return
@@ -429,8 +431,8 @@ def decode_parts_rows(rows: Rows, left, small: bool = False):
         torch.cuda.empty_cache()
 
 
-def decoder_rows(rows: Rows, left, small: bool = False):
-    for HV in (16, 32):
+def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
+    for HV in value_heads:
         if left() < 120:
             P("budget: decoder rows cut")
             return
@@ -448,11 +450,19 @@ def main() -> int:
     ap.add_argument("--commit", default=os.environ.get("COMMIT", "unknown"), help="commit the kernels are from")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later rows are cut after")
+    ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
+                    help="comma-separated value-head counts of the decoder and decode_parts models")
     a = ap.parse_args()
     sections = a.sections.split(",")
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         ap.error(f"--sections: unknown {sorted(unknown)}; expected some of {SECTIONS}")
+    try:
+        value_heads = tuple(int(x) for x in a.value_heads.split(","))
+    except ValueError:
+        ap.error(f"--value-heads: expected comma-separated integers such as 16,32, got {a.value_heads!r}")
+    if any(h % QK_HEADS for h in value_heads):
+        ap.error(f"--value-heads: each must be a multiple of the {QK_HEADS} q/k heads, got {a.value_heads!r}")
     if not torch.cuda.is_available():
         P("bench/hf_models.py needs CUDA")
         return 1
@@ -462,7 +472,7 @@ def main() -> int:
     runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows,
                    decode_parts=decode_parts_rows)
     for name in sections:
-        runners[name](rows, left)
+        runners[name](rows, left, **({"value_heads": value_heads} if name in ("decoder", "decode_parts") else {}))
     P(rows.table())
     return 0
 

@@ -15,6 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))  # the runner imports its sibling registry.py by that name
 try:
     import forward_traffic
+    import hf_models
     import recurrent_decode
     import registry
     import run
@@ -41,6 +42,42 @@ def test_decode_host_paths_time_both_wrappers_and_restore_the_launch():
     assert (JITFunction.run, InterpretedFunction.run) == real_runs
     assert set(got) >= {"qed_host_us", "fla_host_us"}
     assert 0 < got["qed_host_us"] < 1000 and 0 < got["fla_host_us"] < 1000
+
+
+def test_decode_variants_alternate_and_leave_the_model_native(monkeypatch):
+    """``hf_models.interleaved_decode`` on a tiny random Qwen3.5 (CPU): each round measures the
+    native model, the adapted one (the same logits, no hook firing) and the injected one (other
+    logits, the probe hooks firing), in that order; each variant's figure is the median of its
+    rounds after the warm-up round; the model is native again afterwards."""
+    monkeypatch.setattr(hf_models, "DEV", "cpu")
+    fired = []
+    monkeypatch.setattr(hf_models, "PROBE_HOOKS", [(lambda name: name.endswith("hook_e"),
+                                                    lambda act, hook: fired.append(hook.name))])
+    model = hf_models.random_qwen35(16, small=True).float()
+    ids = torch.randint(2, model.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        native = model(ids).logits
+        seen = []
+
+        def measure():
+            before = len(fired)
+            seen.append((torch.equal(model(ids).logits, native), len(fired) > before))
+            return [float(len(seen))]
+
+        got = hf_models.interleaved_decode(model, measure, rounds=3)
+        assert torch.equal(model(ids).logits, native)
+    assert seen == [(True, False), (True, False), (False, True)] * 4
+    assert got == dict(zip(hf_models.DECODE_VARIANTS, (7.0, 8.0, 9.0)))
+
+
+def test_step_clock_times_each_decode_step_inside_generate(monkeypatch):
+    """``hf_models.generate_steps``: one time per decode step (the prefill's token is none), from
+    a stopping criterion that stops nothing."""
+    monkeypatch.setattr(hf_models, "DEV", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    model = hf_models.random_qwen35(16, small=True).float()
+    steps = hf_models.generate_steps(model, torch.randint(2, model.config.vocab_size, (2, 8)))()
+    assert len(steps) == hf_models.GENERATE["steps"] and all(t > 0 for t in steps)
 
 
 def test_unknown_benchmark_names_the_choices():
