@@ -31,8 +31,9 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   the median over all rounds' steps.
 * ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
-  alternated as above, and a torch.profiler table of the native and the injected, hooked steps
-  (by CUDA time and by CPU time) printed to the log: where a hooked decode step's time goes.
+  alternated as above; printed to the log, the host synchronisations one run of each makes
+  (torch's sync debug mode) and a torch.profiler table of the native and the injected, hooked
+  steps (by CUDA time and by CPU time): where a hooked decode step's time goes.
 
 Rows ``name, shape, ms, native_ms, ratio, peak_gb, native_peak_gb`` plus ``device, date,
 commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set, else
@@ -49,6 +50,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 from triton.testing import do_bench
@@ -410,6 +412,20 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
                    interleaved_decode(model, generate_steps(model, gen_ids)))
 
 
+def host_synchronisations(run) -> int:
+    """How many times one ``run()`` waits for the GPU as torch's sync debug mode reports it (a
+    ``.item()``, a device-to-host copy; ``run``'s own two ``torch.cuda.synchronize`` are the same
+    in every variant): a wait inside a launch-bound step stalls the host's queue."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
 def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
     from qedprobe.hf import adapt, inject_qed
     B, Tg = generate_batch(small)
@@ -422,9 +438,12 @@ def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER
             ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
             run = cached_decode(model, ids, GENERATE["steps"])
             decode_rows_of(rows, "decode forward (cache)", f"B{B} T{Tg} HV{HV} decode", interleaved_decode(model, run))
+            P(f"host synchronisations in one run, native, {HV} value heads: {host_synchronisations(run)}")
             profile_table(run, f"native, {HV} value heads")
             adapted = inject_qed(adapt(model), 0.1, arm="full")
             with adapted.hooks(fwd_hooks=PROBE_HOOKS):
+                P(f"host synchronisations in one run, injected + hooked, {HV} value heads: "
+                  f"{host_synchronisations(run)}")
                 profile_table(run, f"injected + hook_e, hook_Sd, {HV} value heads")
             adapted.detach()
             del model, adapted
