@@ -366,8 +366,8 @@ class Prepared:
 def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: ChunkLayout,
                    inter_dtype: torch.dtype, probes: bool, hats: bool = False) -> Prepared:
     """Launch ``qed_prep_kernel`` (grid: value heads x chunks, :func:`~.chunk_common.heads_first`)
-    and return its outputs; ``qs, kh,
-    a`` are written only with ``hats`` (the backward's rerun of the prep, for its scores kernel)."""
+    and return its outputs; ``qs, kh, a`` are written only with ``hats`` (the backward's rerun of
+    the prep, for its scores kernel)."""
     B, T, HV = g.shape[:3]
     K = x.q.shape[-1]
     ct, dev = lay.state_dtype, g.device
@@ -385,7 +385,8 @@ def chunk_prep_fwd(x: DirectionInputs, g: torch.Tensor, *, scale: float, lay: Ch
         rho=out.rho, eig=out.e, d_out=out.d, qs=out.qs, kh=out.kh, a_out=out.a,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=x.q.shape[2], HV=HV, K=K, BT=BT, BKS=min(PREP_BKS, triton.next_power_of_2(K)),
-        L2NORM=x.l2norm, **x.flags, DT=lay.DT, HEADS_FIRST=first, num_warps=PREP_WARPS, num_stages=1, maxnreg=prep_maxnreg(probes, hats),
+        L2NORM=x.l2norm, **x.flags, DT=lay.DT, HEADS_FIRST=first, num_warps=PREP_WARPS, num_stages=1,
+        maxnreg=prep_maxnreg(probes, hats),
     )
     return out
 
@@ -460,9 +461,10 @@ def qed_scores_kernel(
     PREC: tl.constexpr, SPAN: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PROBES: tl.constexpr, B_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    """Row block ``i_i`` (``BC`` tokens) of one chunk's ``A_qk, A_kk, A_dk``, grid ``(chunks x
-    BT // BC, B * HV)`` with the row blocks of a chunk next to each other in axis 0: they read the
-    same key rows, which the later blocks then find in L2."""
+    """Row block ``i_i`` (``BC`` tokens) of one chunk's ``A_qk, A_kk, A_dk``, grid ``(B * HV,
+    chunks x BT // BC)`` heads first (``(chunks x BT // BC, B * HV)`` past the axis limit) with the
+    row blocks of a chunk next to each other on the chunk axis: they read the same key rows, which
+    the later blocks then find in L2."""
     NB: tl.constexpr = BT // BC
     i_x, i_bh = chunk_axes(HEADS_FIRST)
     i_hv, i_t, _i_g, bos, eos = chunk_at(i_x // NB, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
