@@ -162,7 +162,7 @@ def qed_bwd_wy_kernel(
     """Per chunk: ``d(wv)`` (written as ``dv = d(wv) w_gate``, ``dw = d(wv) v``), ``dA_qk``,
     ``dqg, dkg, dgamma``, ``d(a e^G)`` and ``dA_kk``: every term that sums over the value axis or
     over all keys. Products take their operands in the dtype of ``ai`` and accumulate in ``DT``."""
-    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN, False)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
@@ -292,7 +292,7 @@ def qed_bwd_dg_kernel(
     ``dkg kg`` (``dgk``, only blocks with rows) + ``dgamma gamma`` (``dgl``, and ``gl`` = ``gamma
     = e^{G_last}`` from the prep)."""
     NB: tl.constexpr = BT // BC
-    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN, False)
     cols, m_c = channel_slice(tl.program_id(2), BKS, K)
     r0 = bos + i_t * BT
     rows = r0 + tl.arange(0, BT)

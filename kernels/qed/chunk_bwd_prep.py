@@ -64,7 +64,7 @@ def qed_prep_bwd_kernel(
     L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_DD: tl.constexpr,
 ):
-    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN, False)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
     q, k, dq, dk = q + i_h * K, k + i_h * K, dq + i_h * K, dk + i_h * K

@@ -173,11 +173,13 @@ def chunk_axes(HEADS_FIRST: tl.constexpr):
 
 
 @triton.jit
-def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen):
-    ``(i_h, i_t, i_g, bos, eos)`` = head, chunk within its sequence, global chunk index and the
-    sequence's token span in the flattened ``B * T`` rows."""
-    return chunk_at(tl.program_id(0), tl.program_id(1), cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+def chunk_position(cu_seqlens, chunk_indices, T, H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                   HEADS_FIRST: tl.constexpr):
+    """This program's chunk, grid ``(chunks, B * H)`` (or ``(NC, H)`` with varlen), turned to
+    ``(B * H, chunks)`` with ``HEADS_FIRST`` (:func:`heads_first`): ``(i_h, i_t, i_g, bos, eos)``
+    = head, chunk within its sequence, global chunk index and the sequence's token span in the
+    flattened ``B * T`` rows."""
+    return chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
 
 
 @triton.jit

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, exp, gate_head, gate_tile,
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, chunk_position, exp, gate_head, gate_tile,
                            heads_first, load_tile, store_tile)
 
 SPAN_MAX = 30.0
@@ -246,7 +246,7 @@ def qed_prep_kernel(
     DT: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     HATS: tl.constexpr, B_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN, HEADS_FIRST)
     rows = bos + i_t * BT + tl.arange(0, BT)
     m_t = rows < eos
     q, k, b, lam = head_pointers(q, k, b, lam, i_hv, H, HV, K, B_HEAD)

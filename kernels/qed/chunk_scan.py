@@ -257,7 +257,8 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     """Launch ``qed_output_kernel`` (grid: value heads x (chunks x value blocks),
     :func:`~.chunk_common.heads_first`; the value blocks of a chunk run close together, so that
     the second reads the chunk's ``qg, A_qk`` (``dg, A_dk``) from L2): writes ``o`` and, with
-    probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps, key_block, num_stages)`` overrides :func:`output_config` and ``OUTPUT_KEY_BLOCK``, ``OUTPUT_STAGES`` (for screening
+    probes, ``sd`` (from ``dg, adk``). ``config`` ``(BV, num_warps, key_block, num_stages)``
+    overrides :func:`output_config` and ``OUTPUT_KEY_BLOCK``, ``OUTPUT_STAGES`` (for screening
     configurations, ``scripts/scan_configs.py``)."""
     _, T, HV, K = qg.shape
     V = r.shape[-1]

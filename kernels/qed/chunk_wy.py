@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_at, chunk_axes, exp, gate_head,
+from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_position, exp, gate_head,
                            gate_tile, heads_first, load_tile, store_tile)
 
 WY_BKS = 32
@@ -97,7 +97,7 @@ def qed_inverse_kernel(
     HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     IS_VARLEN: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN, HEADS_FIRST)
     c0 = bos + i_t * BT
     akk += i_hv * BT
     ai += i_hv * BT
@@ -132,9 +132,9 @@ def qed_inverse_kernel(
 
 def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.dtype) -> torch.Tensor:
     """``(I + A_kk)^{-1}`` per chunk, ``[B, T, HV, BT]`` (``qed_inverse_kernel``, grid: value heads x
-    chunks, :func:`~.chunk_common.heads_first`): computed in the
-    state dtype, stored in ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse); only
-    its blocks on and below the diagonal are written (readers mask to the lower triangle)."""
+    chunks, :func:`~.chunk_common.heads_first`): computed in the state dtype, stored in
+    ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse); only its blocks on and below
+    the diagonal are written (readers mask to the lower triangle)."""
     B, T, HV, bt = akk.shape
     if bt != BT or BT != 4 * BC:
         raise ValueError(f"qed_inverse_kernel unrolls a chunk of BT = 4 x BC = {4 * BC} rows, "
@@ -160,7 +160,7 @@ def qed_wy_kernel(
     BVS: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr, W_HEAD: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN, HEADS_FIRST)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
@@ -207,8 +207,9 @@ class WYFactors:
 
 def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tensor, *,
                  lay: ChunkLayout) -> WYFactors:
-    """Launch ``qed_wy_kernel`` (grid: value heads x chunks, :func:`~.chunk_common.heads_first`) on ``ag = a e^G`` (its dtype is that
-    of the products and of ``W, U``), the values and write gate, and ``Ai``."""
+    """Launch ``qed_wy_kernel`` (grid: value heads x chunks, :func:`~.chunk_common.heads_first`) on
+    ``ag = a e^G`` (its dtype is that of the products and of ``W, U``), the values and write gate,
+    and ``Ai``."""
     B, T, HV, K = ag.shape
     V = v.shape[-1]
     out = WYFactors(w=torch.empty_like(ag), u=torch.empty(B, T, HV, V, device=v.device, dtype=ag.dtype))
@@ -218,8 +219,8 @@ def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: to
         ag=ag, v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         HV=HV, K=K, V=V, BT=BT, BKS=min(WY_HEAD_SLICE if head_w else WY_BKS, triton.next_power_of_2(K)),
-        BVS=min(WY_HEAD_SLICE if head_w else WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first,
-        num_warps=WY_WARPS, num_stages=1,
+        BVS=min(WY_HEAD_SLICE if head_w else WY_BVS, triton.next_power_of_2(V)), DT=lay.DT, PREC=lay.prec,
+        HEADS_FIRST=first, num_warps=WY_WARPS, num_stages=1,
     )
     return out
 
@@ -236,7 +237,7 @@ def qed_scalar_wy_kernel(
     BVS: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
     W_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_hv, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    i_hv, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN, HEADS_FIRST)
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t

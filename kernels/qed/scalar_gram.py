@@ -21,8 +21,8 @@ the chunk once, normalises them (stored in the products' dtype for the later sta
 ``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
 of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
 stages) and ``A_kk`` (state dtype, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
-and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above
-the diagonal are zeroed before the exponential.
+and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
+any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_at, chunk_axes, exp, heads_first, load_tile, store_tile
+from .chunk_common import BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
 from .chunk_intra import DirectionInputs, row_lam
 
 
@@ -97,7 +97,7 @@ def qed_scalar_gram_kernel(
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     WRITE_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    i_h, i_t, _i_g, bos, eos = chunk_at(*chunk_axes(HEADS_FIRST), cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN)
+    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN, HEADS_FIRST)
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
