@@ -339,37 +339,56 @@ def cached_decode(model, ids, steps: int):
     return run
 
 
-DECODE_VARIANTS = ("native", "adapted, nothing hooked", "injected, hook_e + hook_Sd")
+@contextlib.contextmanager
+def adapted_unhooked(model):
+    """Inside the block ``model`` is adapted by ``qedprobe.hf`` with nothing hooked or injected
+    (it calls its own recurrence functions); native again after it."""
+    from qedprobe.hf import adapt
+    adapted = adapt(model)
+    try:
+        yield
+    finally:
+        adapted.detach()
+
+
+@contextlib.contextmanager
+def injected_and_hooked(model):
+    """Inside the block ``model`` is adapted with QED injected (lambda 0.1, arm ``full``) and
+    :data:`PROBE_HOOKS` attached; native again after it."""
+    from qedprobe.hf import adapt, inject_qed
+    adapted = inject_qed(adapt(model), 0.1, arm="full")
+    try:
+        with adapted.hooks(fwd_hooks=PROBE_HOOKS):
+            yield
+    finally:
+        adapted.detach()
+
+
+DECODE_VARIANTS = {"native": contextlib.nullcontext, "adapted, nothing hooked": adapted_unhooked,
+                   "injected, hook_e + hook_Sd": injected_and_hooked}
+"""The decode rows' variants: name -> ``context(model)`` inside which the model is that variant."""
 
 
 def interleaved_decode(model, measure, rounds: int = 3) -> dict[str, float]:
-    """``{variant: median ms}`` of ``measure()`` (a list of step times) for each of
-    :data:`DECODE_VARIANTS` of ``model``: native, adapted with nothing hooked, and with QED
-    injected (lambda 0.1, arm ``full``) and :data:`PROBE_HOOKS` attached; the model is adapted and
-    detached again in each of ``rounds`` rounds (after one round of warm-up), so that the host's
-    drifts, which move a launch-bound decode step by more than the targets' margins between runs,
-    fall on the three alike."""
-    from qedprobe.hf import adapt, inject_qed
+    """``{variant: median ms}`` of ``measure()`` (a list of step times) inside each of
+    :data:`DECODE_VARIANTS` of ``model``, in turn in each of ``rounds`` rounds (after one round of
+    warm-up), so that the host's drifts, which move a launch-bound decode step by more than the
+    targets' margins between runs, fall on the three alike."""
     got = {name: [] for name in DECODE_VARIANTS}
     for r in range(1 + rounds):
-        times = {DECODE_VARIANTS[0]: measure()}
-        adapted = adapt(model)
-        times[DECODE_VARIANTS[1]] = measure()
-        inject_qed(adapted, 0.1, arm="full")
-        with adapted.hooks(fwd_hooks=PROBE_HOOKS):
-            times[DECODE_VARIANTS[2]] = measure()
-        adapted.detach()
-        if r:
-            for name, t in times.items():
-                got[name] += t
+        for name, variant in DECODE_VARIANTS.items():
+            with variant(model):
+                times = measure()
+            if r:
+                got[name] += times
     return {name: statistics.median(t) for name, t in got.items()}
 
 
 def decode_rows_of(rows: Rows, label: str, shape: str, ms: dict[str, float]) -> None:
     """One row per :data:`DECODE_VARIANTS` entry of ``ms``, each against the native one."""
-    native = (ms[DECODE_VARIANTS[0]], None)
+    native = (ms["native"], None)
     for name in DECODE_VARIANTS:
-        rows.add(f"{label} ({name})", shape, (ms[name], None), None if name == DECODE_VARIANTS[0] else native)
+        rows.add(f"{label} ({name})", shape, (ms[name], None), None if name == "native" else native)
 
 
 def profile_table(run, label: str) -> None:
@@ -386,7 +405,6 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
     """Native, adapted (nothing hooked), and injected with ``hook_e`` / ``hook_Sd`` hooked:
     prefill at each length of :data:`DECODER_LENGTHS`, then the decode steps inside ``generate``
     (:func:`interleaved_decode`)."""
-    from qedprobe.hf import adapt, inject_qed
     model = random_qwen35(HV, small)
     vocab = model.config.vocab_size
     lengths = (256,) if small else DECODER_LENGTHS
@@ -394,19 +412,15 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
     prompts = {T: torch.randint(2, vocab, (1, T), device=DEV) for T in lengths}
     prefill = lambda ids: lambda: model(ids, use_cache=False, logits_to_keep=1)  # noqa: E731
     native = {T: timed(prefill(ids)) for T, ids in prompts.items() if left() > 60}
-    adapted = adapt(model)
-    for T, ids in prompts.items():
-        if T not in native:
-            continue
-        shape = f"B1 T{T} HV{HV}"
-        rows.add("native prefill (transformers + fla)", shape, native[T])
-        rows.add("adapted prefill, nothing hooked", shape, timed(prefill(ids)), native[T])
-    inject_qed(adapted, 0.1, arm="full")
-    with adapted.hooks(fwd_hooks=PROBE_HOOKS):
+    with adapted_unhooked(model):
+        for T, ids in prompts.items():
+            if T in native:
+                rows.add("native prefill (transformers + fla)", f"B1 T{T} HV{HV}", native[T])
+                rows.add("adapted prefill, nothing hooked", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
+    with injected_and_hooked(model):
         for T, ids in prompts.items():
             if T in native:
                 rows.add("injected prefill, hook_e + hook_Sd", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
-    adapted.detach()
     gen_ids = torch.randint(2, vocab, (B, Tg), device=DEV)
     decode_rows_of(rows, "decode step in generate", f"B{B} T{Tg} HV{HV} decode",
                    interleaved_decode(model, generate_steps(model, gen_ids)))
@@ -427,7 +441,6 @@ def host_synchronisations(run) -> int:
 
 
 def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
-    from qedprobe.hf import adapt, inject_qed
     B, Tg = generate_batch(small)
     for HV in value_heads:
         if left() < 60:
@@ -438,15 +451,11 @@ def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER
             ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
             run = cached_decode(model, ids, GENERATE["steps"])
             decode_rows_of(rows, "decode forward (cache)", f"B{B} T{Tg} HV{HV} decode", interleaved_decode(model, run))
-            P(f"host synchronisations in one run, native, {HV} value heads: {host_synchronisations(run)}")
-            profile_table(run, f"native, {HV} value heads")
-            adapted = inject_qed(adapt(model), 0.1, arm="full")
-            with adapted.hooks(fwd_hooks=PROBE_HOOKS):
-                P(f"host synchronisations in one run, injected + hooked, {HV} value heads: "
-                  f"{host_synchronisations(run)}")
-                profile_table(run, f"injected + hook_e, hook_Sd, {HV} value heads")
-            adapted.detach()
-            del model, adapted
+            for name in ("native", "injected, hook_e + hook_Sd"):
+                with DECODE_VARIANTS[name](model):
+                    P(f"host synchronisations in one run, {name}, {HV} value heads: {host_synchronisations(run)}")
+                    profile_table(run, f"{name}, {HV} value heads")
+            del model
         torch.cuda.empty_cache()
 
 
