@@ -195,6 +195,24 @@ def test_lambda_scale_passed_to_a_call_is_the_strength_block_around_it(model):
         LambdaScale.select(model, 3.0)
 
 
+def test_lambda_scale_copies_each_factor_to_a_device_once(model):
+    """The factors of a phase, multiplied, on the device asked for; each factor is copied there
+    once (a transformers model asks in every layer at every decode step, and a copy from host
+    memory at each would wait for the device)."""
+    scale = LambdaScale(LambdaScale.select(model, 0.5, layers=[1]).factors
+                        + LambdaScale.select(model, 2.0, heads=[0], phase="decode").factors)
+    decode, prefill = scale.for_phase("decode"), scale.for_phase("prefill")
+    expect = torch.ones_like(decode)
+    expect[1] = 0.5
+    assert torch.equal(prefill, expect)
+    expect[:, 0] *= 2.0
+    assert torch.equal(decode, expect) and decode.device.type == "cpu"
+    first = [f.on("meta") for f in scale.factors]
+    assert all(a is f.on(torch.device("meta")) for a, f in zip(first, scale.factors))
+    assert scale.for_phase("decode", "meta").device.type == "meta" and scale.for_phase("decode", "meta").shape == decode.shape
+    assert LambdaScale().for_phase("decode", "meta") is None
+
+
 @pytest.mark.parametrize("arm", PROJECTED_ARMS + ("nogate_noproj", "noproj"))
 def test_projected_arms_eigenvalue_is_independent_of_strength(arm):
     m = tiny(arm)

@@ -99,11 +99,11 @@ class LinearAttnRecurrence(HookedRecurrence):
 
     def lam_now(self, phase: str) -> torch.Tensor:
         """``[Hv]`` float32: the injected lambda times the active strength factors of ``phase``
-        (a CPU tensor, copied to the layer's device without waiting for it: no synchronisation)."""
-        scales = self.lambda_scale().for_phase(phase)
+        (on the layer's device, where each factor was copied once: no per-call copy or wait)."""
+        scales = self.lambda_scale().for_phase(phase, self.lam.device)
         if scales is None:
             return self.lam
-        return self.lam * scales[self.layer_idx].to(self.lam.device, non_blocking=True)
+        return self.lam * scales[self.layer_idx]
 
     def recurrence(self, query, key, value, g, beta, *, phase: str, initial_state=None,
                    output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,

@@ -239,8 +239,7 @@ class QEDModel(HookedModel):
         """The strength factors of ``phase`` as ``[L, H]`` float32 on the model's device, or None:
         ``lambda_scale``'s, or (None) those of the ``strength`` blocks around the call."""
         scale = active_lambda_scale(self) if lambda_scale is None else lambda_scale
-        scales = scale.for_phase(phase)
-        return None if scales is None else scales.to(self.device)
+        return scale.for_phase(phase, self.device)
 
     def run_blocks(self, input_ids: torch.Tensor, *, states: list[MixerState] | None, cu_seqlens,
                    scales: torch.Tensor | None, want_state: bool, logit_positions=None,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,10 +39,21 @@ PHASES = ("all", "prefill", "decode")
 
 @dataclass(frozen=True, eq=False)
 class StrengthFactor:
-    """One strength: a ``[L, H]`` float32 factor (on the CPU) for one phase (or ``"all"``)."""
+    """One strength: a ``[L, H]`` float32 factor (on the CPU) for one phase (or ``"all"``), and
+    its copies on the devices it was asked for (:meth:`on`)."""
 
     factor: torch.Tensor
     phase: str
+    copies: dict = field(default_factory=dict, repr=False)
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        """The factor on ``device``, copied there once for the block's lifetime: a transformers
+        model asks for it in every layer at every decode step, and a copy from pageable host
+        memory each time would wait for the device each time."""
+        device = torch.device(device)
+        if device not in self.copies:
+            self.copies[device] = self.factor.to(device)
+        return self.copies[device]
 
 
 @dataclass(frozen=True)
@@ -60,10 +71,11 @@ class LambdaScale:
         return cls((strength_factor(model, s, layers=layers, heads=heads, phase=phase,
                                     allow_extrapolation=allow_extrapolation),))
 
-    def for_phase(self, phase: str) -> torch.Tensor | None:
+    def for_phase(self, phase: str, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """Product of the factors that apply to ``phase`` (``"prefill"`` or ``"decode"``), ``[L, H]``
-        float32 on the CPU, or None when none applies."""
-        active = [f.factor for f in self.factors if f.phase in ("all", phase)]
+        float32 on ``device``, or None when none applies (each factor is copied to ``device``
+        once: :meth:`StrengthFactor.on`)."""
+        active = [f.on(device) for f in self.factors if f.phase in ("all", phase)]
         if not active:
             return None
         out = active[0]
