@@ -19,8 +19,8 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   ``b = w = beta`` ``[B, T, HV]``) against fla's ``chunk_kda``.
 * ``decode``: one token with a carried state (B = 8, 16 q/k heads, 32 value heads):
   ``qed_recurrent`` against fla's ``fused_recurrent_gated_delta_rule``, eager and CUDA-graph replay.
-* ``parts``: per-kernel device times (torch.profiler, ms per call) of ``qed_chunk`` (probes off)
-  and fla's ``chunk_gated_delta_rule`` at 1 x 32K with 32 value heads.
+* ``parts``: per-kernel device times (torch.profiler, ms per call) of ``qed_chunk`` (probes off
+  and on) and fla's ``chunk_gated_delta_rule`` at 1 x 32K with each ``--value-heads`` count.
 * ``decoder``: a random Qwen3.5-shaped model adapted with ``qedprobe.hf`` (nothing hooked; QED
   injected with ``hook_e`` and ``hook_Sd`` hooked) against the native model: prefill at 32K and
   128K with peak memory, and the decode steps inside ``generate`` (B = 8 prompts of 8K, 16 steps,
@@ -64,7 +64,8 @@ VALUE_HEADS = (16, 32, 64)
 KDA_HEADS = 32
 DECODE = dict(B=8, H=16, HV=32)
 SECTIONS = ("op", "kda", "decode", "decoder", "parts", "decode_parts")
-PARTS_SHAPE = (1, 32768, 32)
+PARTS_TOKENS = (1, 32768)
+"""``(B, T)`` of the ``parts`` rows."""
 """``(B, T, HV)`` of the per-kernel rows (``parts``)."""
 
 
@@ -227,16 +228,22 @@ def decode_rows(rows: Rows, left):
     rows.add("qed_recurrent, CUDA graph", shape_of(x), (graph_ms(qed), None), (n_graph, None))
 
 
-def parts_rows(rows: Rows, left):
-    B, T, HV = PARTS_SHAPE
-    x = gdn_inputs(B, T, QK_HEADS, HV)
+def parts_rows(rows: Rows, left, value_heads=(32,)):
+    B, T = PARTS_TOKENS
     fla_op, label = native_gdn()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kernel_times import kernel_ms
-    for name, fn in (("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("fla", native_fn(fla_op, x))):
-        fn()  # compiled and autotuned before the profile
-        for key, t_ms in kernel_ms(fn).items():
-            rows.add(f"  {name}: {key[:44]}", shape_of(x), (t_ms, None))
+    for HV in value_heads:
+        if left() < 20:
+            P("budget: parts rows cut")
+            return
+        x = gdn_inputs(B, T, QK_HEADS, HV)
+        for name, fn in (("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("fla", native_fn(fla_op, x))):
+            fn()  # compiled and autotuned before the profile
+            for key, t_ms in kernel_ms(fn).items():
+                rows.add(f"  {name}: {key[:44]}", shape_of(x), (t_ms, None))
+        del x
+        torch.cuda.empty_cache()
 
 
 DECODER_LENGTHS = (32768, 131072)
@@ -479,7 +486,7 @@ def main() -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later rows are cut after")
     ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
-                    help="comma-separated value-head counts of the decoder and decode_parts models")
+                    help="comma-separated value-head counts of the parts rows and the decoder and decode_parts models")
     a = ap.parse_args()
     sections = a.sections.split(",")
     unknown = set(sections) - set(SECTIONS)
@@ -500,7 +507,7 @@ def main() -> int:
     runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows,
                    decode_parts=decode_parts_rows)
     for name in sections:
-        runners[name](rows, left, **({"value_heads": value_heads} if name in ("decoder", "decode_parts") else {}))
+        runners[name](rows, left, **({"value_heads": value_heads} if name in ("parts", "decoder", "decode_parts") else {}))
     P(rows.table())
     return 0
 
