@@ -104,3 +104,24 @@ def test_hook_name_builds_every_hook_point_name():
     for bad, match in ((("embed", 0), "takes no `layer`"), (("e",), "needs a `layer`"), (("E", 0), "`name` must be")):
         with pytest.raises(ValueError, match=match):
             hook_name(*bad)
+
+
+def test_has_hook_reads_what_hook_point_has_hooks_reads():
+    """``hookio.has_hook`` (the hook lists, read at every decode step) answers as TransformerLens'
+    ``HookPoint.has_hooks`` with its defaults, for both directions and forward only, with
+    temporary and permanent hooks, before and after their removal."""
+    from transformer_lens.hook_points import HookPoint
+
+    from qedprobe.model.hookio import has_hook
+    hp = HookPoint()
+    ours = lambda: (has_hook(hp), has_hook(hp, forward_only=True))  # noqa: E731
+    lens = lambda: (hp.has_hooks(), hp.has_hooks(dir="fwd"))  # noqa: E731
+    assert ours() == lens() == (False, False)
+    hp.add_hook(lambda grad, hook: None, dir="bwd")
+    assert ours() == lens() == (True, False)
+    hp.add_hook(lambda x, hook: None, dir="fwd", is_permanent=True)
+    assert ours() == lens() == (True, True)
+    hp.remove_hooks(dir="bwd")
+    assert ours() == lens() == (True, True)
+    hp.remove_hooks(dir="both", including_permanent=True)
+    assert ours() == lens() == (False, False)

@@ -10,12 +10,13 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 
-def has_hook(hook: HookPoint) -> bool:
-    """Whether ``hook`` has a TransformerLens hook (forward or backward; ``add_hook``, ``hooks``,
-    ``run_with_hooks``, ``run_with_cache``): the lists ``HookPoint.has_hooks`` reads, without its
-    per-handle filtering, because a launch-bound decode step asks this of every hook point of
-    every layer at every token."""
-    return bool(hook.fwd_hooks or hook.bwd_hooks)
+def has_hook(hook: HookPoint, forward_only: bool = False) -> bool:
+    """Whether ``hook`` has a TransformerLens hook (forward or backward, or with ``forward_only``
+    a forward one; ``add_hook``, ``hooks``, ``run_with_hooks``, ``run_with_cache``): the lists
+    ``HookPoint.has_hooks`` reads, without its per-handle filtering (which its defaults do not
+    use), because a launch-bound decode step asks this of every hook point of every layer at
+    every token."""
+    return bool(hook.fwd_hooks) if forward_only else bool(hook.fwd_hooks or hook.bwd_hooks)
 
 
 def through(hook: HookPoint, x: torch.Tensor, *shapes: tuple) -> torch.Tensor:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformer_lens.hook_points import HookPoint
 
-from .hookio import observe
+from .hookio import has_hook, observe
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None,
@@ -89,7 +89,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` ``[..., D]``; with ``gate`` ``[..., D]`` the result is multiplied by ``sigmoid(gate)``."""
-        if not self.hook_scale.has_hooks(dir="fwd"):
+        if not has_hook(self.hook_scale, forward_only=True):
             return rms_norm(x, self.weight, self.eps, gate)
         inv_scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
         observe(self.hook_scale, 1 / inv_scale, advice="")

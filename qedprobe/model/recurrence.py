@@ -79,10 +79,11 @@ class HookedRecurrence(nn.Module):
         self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
         self._hook_points = (self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w, self.hook_g,
                              self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd, self.hook_e, self.hook_o)
+        self._probe_points = (("rho", self.hook_rho), ("Sd", self.hook_Sd), ("e", self.hook_e))
 
     def probe_hooks(self) -> dict[str, HookPoint]:
         """The read-only probe hook points by probe name (the op's ``probes`` keys)."""
-        return {"rho": self.hook_rho, "Sd": self.hook_Sd, "e": self.hook_e}
+        return dict(self._probe_points)
 
     def hook_points(self) -> tuple[HookPoint, ...]:
         """Every hook point of the recurrence, inputs first, in the order they fire."""
@@ -98,7 +99,7 @@ class HookedRecurrence(nn.Module):
         ``[B, T, Hk * group_size, K]``); grouped heads stay grouped while ``hook_q``, ``hook_k``
         and ``hook_d`` have no hook (the op reads head ``j // m`` itself)."""
         if group_size > 1:
-            if not any(h.has_hooks(dir="fwd") for h in (self.hook_q, self.hook_k, self.hook_d)):
+            if not any(has_hook(h, forward_only=True) for h in (self.hook_q, self.hook_k, self.hook_d)):
                 return q, k
             q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
         return through(self.hook_q, q), through(self.hook_k, k)
@@ -106,7 +107,7 @@ class HookedRecurrence(nn.Module):
     def _direction(self, q, k, b, arm: str, z) -> torch.Tensor | None:
         """``hook_d`` on the arm's direction from ``q_hat``, ``k_hat``, ``b`` (per value head,
         float32 or wider), or None (the op builds it) when ``hook_d`` has no hook."""
-        if not self.hook_d.has_hooks(dir="fwd"):
+        if not has_hook(self.hook_d, forward_only=True):
             return None
         ct = torch.promote_types(q.dtype, torch.float32)
         b = b if b.dim() == 4 else b.unsqueeze(-1)
@@ -132,7 +133,7 @@ class HookedRecurrence(nn.Module):
         g = _gate_through(self.hook_g, g, K)
         lam = through(self.hook_lambda, lam, (H,), (B, T, H))
         d = self._direction(q, k, b, arm, z)
-        hooked = {name: hook for name, hook in self.probe_hooks().items() if hook.has_hooks(dir="fwd")}
+        hooked = {name: hook for name, hook in self._probe_points if has_hook(hook, forward_only=True)}
         o, state, probes = qed_attention(q, k, v, g, b, w, lam, mode=mode, arm=arm, z=z, d=d,
                                          return_probes=tuple(hooked), use_qk_l2norm=use_qk_l2norm, **op_kwargs)
         for name, hook in hooked.items():
