@@ -13,6 +13,9 @@ relative error of ``o`` against ``qed_naive`` in float64 on the same inputs.
 ``--host-only`` (no GPU needed) times the Python side of one decode step of each op, B=16, H=16,
 K=V=128, on CPU tensors with every Triton launch replaced by a no-op: the part of the eager
 decode step that the device does not set, for comparing host paths on a machine without a GPU.
+Its second line does the same for one layer of a Qwen3.5-shaped model at decode (B=8, 16 q/k and
+16 value heads of 128): ``qedprobe.hf``'s recurrence with QED injected and ``hook_e``, ``hook_Sd``
+hooked against fla's ``fused_recurrent_gated_delta_rule``, which the native model calls.
 
 ``--screen`` times one decode step as a model's CUDA-graph decode runs it (the state updated in
 place, ``inplace_final_state=True``; the CUDA-graph time of :func:`_times`) for every launch configuration of
@@ -21,6 +24,7 @@ place, ``inplace_final_state=True``; the CUDA-graph time of :func:`_times`) for 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -129,16 +133,39 @@ def screen(K: int = 128, V: int = 128) -> list[dict]:
     return rows
 
 
-def host_paths(B: int = 16, H: int = 16, K: int = 128, V: int = 128, calls: int = 2000) -> dict:
-    """Microseconds per call of ``qed_recurrent`` and fla's ``fused_recurrent_gdn2`` (if installed)
-    on CPU tensors with Triton's launch stubbed out (the median of 7 loops of ``calls`` calls)."""
+@contextlib.contextmanager
+def stubbed_launches():
+    """Inside the block every Triton launch (compiled, or ``TRITON_INTERPRET=1``) is a no-op: the
+    Python of a call alone, on any machine."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
-    launchers = (JITFunction, InterpretedFunction)  # compiled, or TRITON_INTERPRET=1
+    launchers = (JITFunction, InterpretedFunction)
     real_runs = [cls.run for cls in launchers]
     for cls in launchers:
         cls.run = lambda self, *args, **kwargs: None
     try:
+        yield
+    finally:
+        for cls, run in zip(launchers, real_runs):
+            cls.run = run
+
+
+def _host_us(fn, calls: int) -> float:
+    """Microseconds per call of ``fn``: the median of 7 loops of ``calls`` calls, after one call."""
+    fn()
+    loops = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append(1e6 * (time.perf_counter() - t0) / calls)
+    return round(sorted(loops)[3], 2)
+
+
+def host_paths(B: int = 16, H: int = 16, K: int = 128, V: int = 128, calls: int = 2000) -> dict:
+    """Microseconds per call of ``qed_recurrent`` and fla's ``fused_recurrent_gdn2`` (if installed)
+    on CPU tensors with Triton's launch stubbed out (:func:`stubbed_launches`)."""
+    with stubbed_launches():
         x = _inputs(B, 1, H, K, V, torch.bfloat16, device="cpu")
         fns = {"qed_host_us": lambda: qed_recurrent(*[x[n] for n in ("q", "k", "v", "g", "b", "w", "lam")],
                                                     initial_state=x["h0"], output_final_state=True)}
@@ -149,25 +176,44 @@ def host_paths(B: int = 16, H: int = 16, K: int = 128, V: int = 128, calls: int 
                                                               use_qk_l2norm_in_kernel=True)
         except ImportError:
             pass
-        res = {"B": B, "H": H, "K": K, "V": V}
-        for name, fn in fns.items():
-            fn()
-            loops = []
-            for _ in range(7):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                loops.append(1e6 * (time.perf_counter() - t0) / calls)
-            res[name] = round(sorted(loops)[3], 2)
-        return res
-    finally:
-        for cls, run in zip(launchers, real_runs):
-            cls.run = run
+        return {"B": B, "H": H, "K": K, "V": V, **{name: _host_us(fn, calls) for name, fn in fns.items()}}
+
+
+def hf_layer_host_paths(B: int = 8, H: int = 16, HV: int = 16, K: int = 128, calls: int = 2000) -> dict:
+    """Microseconds per decode call of a Qwen3.5-shaped layer's recurrence (``H`` q/k heads, ``HV``
+    value heads, ``K = V``) with Triton's launch stubbed out, on CPU tensors handed over as
+    transformers hands them (q, k, v strided views of the convolution's output, ``g`` float32 and
+    ``beta`` bf16 ``[B, 1, HV]``, the cached float32 state): ``qedprobe.hf``'s recurrence with
+    QED injected (lam 0.1, arm full) and ``hook_e``, ``hook_Sd`` hooked (the benchmark's hooked
+    decode step), and fla's ``fused_recurrent_gated_delta_rule``, which the native model calls."""
+    from qedprobe.hf.families import HFQEDConfig
+    from qedprobe.hf.recurrence import LinearAttnRecurrence
+    from qedprobe.model import LambdaScale
+    cfg = HFQEDConfig(model_type="qwen3_5_text", vocab_size=1, hidden_size=1, num_hidden_layers=1, linear_layers=(0,),
+                      num_heads=HV, num_key_heads=H, head_dim=K, head_v_dim=K, arm="full", lam=((0.1,) * HV,),
+                      op_mode="recurrent")
+    layer = LinearAttnRecurrence(cfg, 0, LambdaScale)
+    for hook in (layer.hook_e, layer.hook_Sd):
+        hook.add_hook(lambda act, hook: None)
+    qkv = torch.randn(B, 1, (2 * H + HV) * K, dtype=torch.bfloat16)
+    q, k, v = (x.view(B, 1, -1, K) for x in torch.split(qkv, [H * K, H * K, HV * K], dim=-1))
+    g, beta = -torch.rand(B, 1, HV), torch.rand(B, 1, HV, dtype=torch.bfloat16)
+    state = torch.randn(B, HV, K, K)
+    args = dict(initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    fns = {"qed_hf_layer_host_us": lambda: layer.recurrence(q, k, v, g, beta, phase="decode", **args)}
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        fns["fla_gdn_host_us"] = lambda: fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **args)
+    except ImportError:
+        pass
+    with stubbed_launches():
+        return {"B": B, "H": H, "HV": HV, "K": K, **{name: _host_us(fn, calls) for name, fn in fns.items()}}
 
 
 def main() -> int:
     if "--host-only" in sys.argv[1:]:
         print(json.dumps(host_paths()))
+        print(json.dumps(hf_layer_host_paths()))
         return 0
     if not torch.cuda.is_available():
         print("recurrent_decode: needs CUDA", file=sys.stderr)

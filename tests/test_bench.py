@@ -44,6 +44,19 @@ def test_decode_host_paths_time_both_wrappers_and_restore_the_launch():
     assert 0 < got["qed_host_us"] < 1000 and 0 < got["fla_host_us"] < 1000
 
 
+def test_hf_layer_host_paths_time_the_hooked_layer_and_the_native_function():
+    """``recurrent_decode.py --host-only``, second line: an adapted Qwen3.5-shaped layer's hooked,
+    injected decode call and fla's ``fused_recurrent_gated_delta_rule`` timed with the launch
+    stubbed out, on grouped value heads, the launch restored after."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    real_runs = (JITFunction.run, InterpretedFunction.run)
+    got = recurrent_decode.hf_layer_host_paths(B=2, H=2, HV=4, K=16, calls=20)
+    assert (JITFunction.run, InterpretedFunction.run) == real_runs
+    assert {k: got[k] for k in ("B", "H", "HV", "K")} == {"B": 2, "H": 2, "HV": 4, "K": 16}
+    assert 0 < got["qed_hf_layer_host_us"] < 2000 and 0 < got["fla_gdn_host_us"] < 2000
+
+
 def test_decode_variants_alternate_and_leave_the_model_native(monkeypatch):
     """``hf_models.interleaved_decode`` on a tiny random Qwen3.5 (CPU): each round measures the
     native model, the adapted one (the same logits, no hook firing) and the injected one (other
