@@ -31,9 +31,9 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   the median over all rounds' steps.
 * ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
-  alternated as above; printed to the log, the host synchronisations one run of each makes
-  (torch's sync debug mode) and a torch.profiler table of the native and the injected, hooked
-  steps (by CUDA time and by CPU time): where a hooked decode step's time goes.
+  alternated as above; printed to the log, the host synchronisations one run of each makes and
+  the lines that waited (torch's sync debug mode) and a torch.profiler table of the native and
+  the injected, hooked steps (by CUDA time and by CPU time): where a hooked decode step's time goes.
 
 Rows ``name, shape, ms, native_ms, ratio, peak_gb, native_peak_gb`` plus ``device, date,
 commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set, else
@@ -42,6 +42,7 @@ commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set,
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import functools
@@ -433,10 +434,11 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
                    interleaved_decode(model, generate_steps(model, gen_ids)))
 
 
-def host_synchronisations(run) -> int:
-    """How many times one ``run()`` waits for the GPU as torch's sync debug mode reports it (a
-    ``.item()``, a device-to-host copy; ``run``'s own two ``torch.cuda.synchronize`` are the same
-    in every variant): a wait inside a launch-bound step stalls the host's queue."""
+def host_synchronisations(run) -> collections.Counter:
+    """Where one ``run()`` waits for the GPU as torch's sync debug mode reports it (a ``.item()``,
+    a device-to-host copy; ``run``'s own two ``torch.cuda.synchronize`` are the same in every
+    variant): ``{"file:line": count}`` of the Python lines that waited. A wait inside a
+    launch-bound step stalls the host's queue."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -444,7 +446,7 @@ def host_synchronisations(run) -> int:
             run()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return collections.Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower())
 
 
 def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
@@ -460,7 +462,9 @@ def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER
             decode_rows_of(rows, "decode forward (cache)", f"B{B} T{Tg} HV{HV} decode", interleaved_decode(model, run))
             for name in ("native", "injected, hook_e + hook_Sd"):
                 with DECODE_VARIANTS[name](model):
-                    P(f"host synchronisations in one run, {name}, {HV} value heads: {host_synchronisations(run)}")
+                    waits = host_synchronisations(run)
+                    P(f"host synchronisations in one run, {name}, {HV} value heads: {sum(waits.values())}, "
+                      f"at {waits.most_common(5)}")
                     profile_table(run, f"{name}, {HV} value heads")
             del model
         torch.cuda.empty_cache()

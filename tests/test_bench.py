@@ -57,6 +57,26 @@ def test_hf_layer_host_paths_time_the_hooked_layer_and_the_native_function():
     assert 0 < got["qed_hf_layer_host_us"] < 2000 and 0 < got["fla_gdn_host_us"] < 2000
 
 
+def test_host_synchronisations_count_the_lines_that_waited(monkeypatch):
+    """``hf_models.host_synchronisations``: the warnings torch's sync debug mode raises, counted by
+    the Python line that raised them (other warnings left out), the mode restored after."""
+    import warnings
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def run():
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation")  # line A
+        warnings.warn("called a synchronizing CUDA operation")  # line B
+        warnings.warn("something else")
+
+    got = hf_models.host_synchronisations(run)
+    where = {int(line.rsplit(":", 1)[1]): n for line, n in got.items()}
+    first = min(where)
+    assert where == {first: 3, first + 1: 1} and all(line.startswith(f"{__file__}:") for line in got)
+    assert modes == ["warn", "default"]
+
+
 def test_decode_variants_alternate_and_leave_the_model_native(monkeypatch):
     """``hf_models.interleaved_decode`` on a tiny random Qwen3.5 (CPU): each round measures the
     native model, the adapted one (the same logits, no hook firing) and the injected one (other
