@@ -136,14 +136,17 @@ def test_per_head_decay_with_channel_erase_gate():
 @pytest.mark.parametrize("op", [qed_naive, qed_chunk_torch, qed_chunk, qed_recurrent])
 def test_probe_subset(op):
     """``return_probes`` given as names returns exactly those probes, equal to the full request's;
-    ``e`` alone; an unknown name or a bare string is a ValueError naming the argument."""
+    each probe alone; an unknown name or a bare string is a ValueError naming the argument."""
     x, _ = head_case("gdn", 5)
     full = op(*args(x), arm="full", return_probes=True)[2]
     some = op(*args(x), arm="full", return_probes=("Sd", "e"))[2]
     assert list(some) == ["Sd", "e"]
     for name in some:
         torch.testing.assert_close(some[name], full[name], atol=0, rtol=0)
-    assert list(op(*args(x), arm="full", return_probes=["e"])[2]) == ["e"]
+    for name in full:
+        alone = op(*args(x), arm="full", return_probes=[name])[2]
+        assert list(alone) == [name]
+        torch.testing.assert_close(alone[name], full[name], atol=0, rtol=0)
     assert op(*args(x), arm="full", return_probes=())[2] is None
     with pytest.raises(ValueError, match=r"`return_probes` names unknown probes \['S'\]"):
         op(*args(x), arm="full", return_probes=("S", "e"))

@@ -69,7 +69,10 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
     "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "STORE_PROBES": lambda args: args["rho_out"] is not None,
+    "STORE_RHO": lambda args: args["rho_out"] is not None,
+    "STORE_D": lambda args: args["d_out"] is not None,
+    "STORE_SD": lambda args: args["sd_out"] is not None,
+    "STORE_E": lambda args: args["e_out"] is not None,
     "LAM_PER_TOKEN": lambda args: args["lam"].dim() == 3,
     "G_HEAD": lambda args: args["g"].dim() == 3,
     "B_HEAD": lambda args: args["b"].dim() == 3,
@@ -96,7 +99,10 @@ def qed_recurrent_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    STORE_PROBES: tl.constexpr,
+    STORE_RHO: tl.constexpr,
+    STORE_D: tl.constexpr,
+    STORE_SD: tl.constexpr,
+    STORE_E: tl.constexpr,
     G_HEAD: tl.constexpr,
     B_HEAD: tl.constexpr,
     W_HEAD: tl.constexpr,
@@ -178,11 +184,14 @@ def qed_recurrent_kernel(
         b_sq = b_q * scale
         b_r = b_wv - tl.sum(b_h * b_a[:, None], 0)
         b_o = tl.sum(b_h * b_sq[:, None], 0) + scale * qk * b_r
-        if STORE_PROBES:
+        if STORE_SD:
             tl.store(sd_out + i_tv, tl.sum(b_h * b_d[:, None], 0).to(sd_out.dtype.element_ty), mask=mask_v)
-            if i_v == 0:
+        if i_v == 0:  # the per-token probes, written once per (token, value head)
+            if STORE_RHO:
                 tl.store(rho_out + t * HV + i_hv, qk.to(rho_out.dtype.element_ty))
+            if STORE_E:
                 tl.store(e_out + t * HV + i_hv, (1 - tl.sum(b_a * b_k)).to(e_out.dtype.element_ty))
+            if STORE_D:
                 tl.store(d_out + i_tk, b_d.to(d_out.dtype.element_ty), mask=mask_k)
         b_h += b_k[:, None] * b_r[None, :]
         tl.store(o + i_tv, b_o.to(o.dtype.element_ty), mask=mask_v)
@@ -252,17 +261,14 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
     if output_final_state:
         final_state = initial_state if inplace_final_state else q.new_empty(P.N, HV, K, V, dtype=ct)
     want = probe_request("qed_recurrent", return_probes)
-    probes = None
-    if want:
-        probes = {"rho": q.new_empty(B, T, HV, dtype=ct), "d": q.new_empty(B, T, HV, K, dtype=ct),
-                  "Sd": q.new_empty(B, T, HV, V, dtype=ct), "e": q.new_empty(B, T, HV, dtype=ct)}
+    shapes = {"rho": (B, T, HV), "d": (B, T, HV, K), "Sd": (B, T, HV, V), "e": (B, T, HV)}
+    probes = {name: q.new_empty(shapes[name], dtype=ct) for name in want}
     BV, num_warps = block_config
     BK, value_blocks = _padded_and_blocks(K, V, BV)
     qed_recurrent_kernel[(P.N * HV, value_blocks)](
         q=q, k=k, v=v, g=g, b=b, w=w, lam=lam, z=z, d=d, o=o, h0=initial_state, ht=final_state,
         cu_seqlens=cu_seqlens,
-        rho_out=probes and probes["rho"], d_out=probes and probes["d"],
-        sd_out=probes and probes["Sd"], e_out=probes and probes["e"],
+        rho_out=probes.get("rho"), d_out=probes.get("d"), sd_out=probes.get("Sd"), e_out=probes.get("e"),
         T=T, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=BK, BV=BV,
         **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
         DT=tl.float64 if ct == torch.float64 else tl.float32, num_warps=num_warps,
