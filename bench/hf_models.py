@@ -66,8 +66,7 @@ KDA_HEADS = 32
 DECODE = dict(B=8, H=16, HV=32)
 SECTIONS = ("op", "kda", "decode", "decoder", "parts", "decode_parts")
 PARTS_TOKENS = (1, 32768)
-"""``(B, T)`` of the ``parts`` rows."""
-"""``(B, T, HV)`` of the per-kernel rows (``parts``)."""
+"""``(B, T)`` of the per-kernel rows (``parts``)."""
 
 
 def P(*a):

@@ -79,11 +79,8 @@ class HookedRecurrence(nn.Module):
         self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
         self._hook_points = (self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w, self.hook_g,
                              self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd, self.hook_e, self.hook_o)
+        # The read-only probe hook points by probe name (the op's ``probes`` keys).
         self._probe_points = (("rho", self.hook_rho), ("Sd", self.hook_Sd), ("e", self.hook_e))
-
-    def probe_hooks(self) -> dict[str, HookPoint]:
-        """The read-only probe hook points by probe name (the op's ``probes`` keys)."""
-        return dict(self._probe_points)
 
     def hook_points(self) -> tuple[HookPoint, ...]:
         """Every hook point of the recurrence, inputs first, in the order they fire."""
