@@ -167,8 +167,7 @@ def qed_bwd_wy_kernel(
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
     ai, daqk, dakk = shifted((ai, daqk, dakk), i_hv * BT)
-    Tm = tl.load(ai + rows[:, None] * (HV * BT) + o_t[None, :],
-                 mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.)
+    Tm = load_tile(ai, rows, m_t, o_t, o_t < BT, HV * BT, ai.dtype.element_ty)  # zero above the diagonal
     OP = Tm.dtype
 
     # ---- over value blocks: d(wv) = Tm^T dR (an output), dA_kk -= d(wv) U^T, dA_qk = dO R^T

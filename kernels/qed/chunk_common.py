@@ -133,9 +133,12 @@ def gate_head(ptr, i_hv, N: tl.constexpr, HEAD: tl.constexpr):
 def gate_tile(ptr, rows, m_r, cols, m_c, HV: tl.constexpr, N: tl.constexpr, HEAD: tl.constexpr, DT: tl.constexpr):
     """The ``[rows, cols]`` tile of a gate (``ptr`` moved by :func:`gate_head`) as ``DT``: per channel
     (row stride ``HV * N``), or a per-head gate's one scalar per row broadcast over the columns
-    (``HEAD``: row stride ``HV``, each row's lanes reading the same element), masked to 0."""
+    (``HEAD``: row stride ``HV``; loaded as a ``[rows]`` vector and broadcast in registers, since a
+    tile load with every lane of a row reading the same element is compiled to one scalar load per
+    element), masked to 0."""
     if HEAD:
-        out = tl.load(ptr + rows[:, None] * HV + cols[None, :] * 0, mask=m_r[:, None] & m_c[None, :], other=0.).to(DT)
+        row = tl.load(ptr + rows * HV, mask=m_r, other=0.).to(DT)
+        out = tl.where(m_c[None, :], row[:, None], 0.)
     else:
         out = load_tile(ptr, rows, m_r, cols, m_c, HV * N, DT)
     return out

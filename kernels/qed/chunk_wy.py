@@ -8,8 +8,10 @@ diagonal blocks at once by forward substitution on a ``[4, 16, 16]`` tile (row `
 then the off-diagonal blocks by block products ``Ai_IJ = -Ai_II sum_{J<=M<I} A_IM Ai_MJ`` at the
 forward's ``tl.dot`` precision (tf32 for bf16 inputs, as fla's solve; tf32x3 for float32, ieee
 for float64).
-It reads only the blocks of ``A_kk`` on and below the diagonal and writes only those of ``Ai``
-(the blocks above are left as allocated: every reader masks its loads to the lower triangle).
+It reads only the blocks of ``A_kk`` on and below the diagonal and writes every block of ``Ai``,
+zeros above the diagonal, so that readers load its rows whole (a load masked to the lower
+triangle is compiled to one scalar load per element, and selecting it in registers costs the
+W/U kernel a quarter of its programs per SM).
 The unrolling is written for ``BT = 4 * BC`` (checked on the host).
 
 ``qed_wy_kernel`` (one program per chunk and value head), as fla's ``wy_fast.py``:
@@ -128,13 +130,19 @@ def qed_inverse_kernel(
     _set(ai, i31, c0, eos, 3, 1, HV, BT, BC)
     _set(ai, i32, c0, eos, 3, 2, HV, BT, BC)
     _set(ai, i33, c0, eos, 3, 3, HV, BT, BC)
+    zero = tl.zeros([BC, BC], dtype=DT)
+    _set(ai, zero, c0, eos, 0, 1, HV, BT, BC)
+    _set(ai, zero, c0, eos, 0, 2, HV, BT, BC)
+    _set(ai, zero, c0, eos, 0, 3, HV, BT, BC)
+    _set(ai, zero, c0, eos, 1, 2, HV, BT, BC)
+    _set(ai, zero, c0, eos, 1, 3, HV, BT, BC)
+    _set(ai, zero, c0, eos, 2, 3, HV, BT, BC)
 
 
 def chunk_inverse_fwd(akk: torch.Tensor, *, lay: ChunkLayout, out_dtype: torch.dtype) -> torch.Tensor:
     """``(I + A_kk)^{-1}`` per chunk, ``[B, T, HV, BT]`` (``qed_inverse_kernel``, grid: value heads x
     chunks, :func:`~.chunk_common.heads_first`): computed in the state dtype, stored in
-    ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse); only its blocks on and below
-    the diagonal are written (readers mask to the lower triangle)."""
+    ``out_dtype`` (bf16 for bf16 inputs, as fla stores its inverse), zero above the diagonal."""
     B, T, HV, bt = akk.shape
     if bt != BT or BT != 4 * BC:
         raise ValueError(f"qed_inverse_kernel unrolls a chunk of BT = 4 x BC = {4 * BC} rows, "
@@ -176,11 +184,10 @@ def qed_wy_kernel(
 
 @triton.jit
 def _inverse_tile(ai, rows, m_t, i_hv, HV: tl.constexpr, BT: tl.constexpr):
-    """The chunk's ``(I + A_kk)^{-1}`` of value head ``i_hv`` (rows ``rows``), its lower triangle
-    only (the inverse kernel leaves the blocks above the diagonal unwritten)."""
+    """The chunk's ``(I + A_kk)^{-1}`` of value head ``i_hv`` (rows ``rows``; zero above the
+    diagonal as the inverse kernel writes it), its rows loaded whole."""
     o_t = tl.arange(0, BT)
-    return tl.load(ai + i_hv * BT + rows[:, None] * (HV * BT) + o_t[None, :],
-                   mask=m_t[:, None] & (o_t[None, :] <= o_t[:, None]), other=0.)
+    return load_tile(ai + i_hv * BT, rows, m_t, o_t, o_t < BT, HV * BT, ai.dtype.element_ty)
 
 
 @triton.jit
