@@ -214,6 +214,23 @@ def test_state_scan_value_block_rule():
     assert state_config(256, 128, bf16, scans=2, sm_count=132) == (32, 8, 1)  # K=256: never pipelined
 
 
+def test_row_decay_state_scan_rule():
+    """The scalar-gate scan runs three stages deep with the smallest value block whose programs fit
+    one per SM, and falls back to the per-channel rule when neither fits."""
+    from qedprobe.kernels.qed.chunk_scan import state_config
+    bf16 = torch.bfloat16
+    rule = lambda scans: state_config(128, 128, bf16, scans=scans, sm_count=132, row_decay=True)  # noqa: E731
+    assert rule(16) == (32, 4, 3)       # 1 x 16 value heads: 64 programs at 32
+    assert rule(33) == (32, 4, 3)       # 132 programs: the last that fits at 32
+    assert rule(34) == (64, 4, 3)       # 136 at 32, 68 at 64
+    assert rule(64) == (64, 4, 3)       # 1 x 64 value heads: 128 programs at 64
+    assert rule(66) == (64, 4, 3)
+    assert rule(67) == (64, 4, 2)       # 134 at 64: two deep, as the per-channel rule
+    assert rule(8 * 16) == (64, 4, 2)
+    assert state_config(128, 128, bf16, row_decay=True) == (64, 4, 2)  # GPU unknown
+    assert state_config(128, 128, torch.float32, scans=2, sm_count=132, row_decay=True) == (64, 8, 1)
+
+
 def test_rejects_bad_input():
     x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):

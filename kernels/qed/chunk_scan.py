@@ -186,20 +186,22 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     sm_count``: few, long sequences), it takes value blocks of 32: twice the programs, each step
     on half the state block. With more scans the second wave would cost more, and ``BV = 64`` stays.
 
-    The scalar-gate path's scan (``row_decay``) at ``BV = 32`` is pipelined three deep when its
-    programs fit one per SM (``scans * cdiv(V, 32) <= sm_count``; three stages leave room for one
-    program per SM): on an H100 much faster than two deep there (docs/BENCHMARKS.md).
+    The scalar-gate path's scan (``row_decay``) is pipelined three deep with the smallest value
+    block (32, else 64) whose programs fit one per SM (``scans * cdiv(V, BV) <= sm_count``; three
+    stages leave room for one program per SM): on an H100 much faster than two deep at twice the
+    programs (docs/BENCHMARKS.md).
     """
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
     pipelined = inter_dtype == torch.bfloat16 and BK <= 128
-    if pipelined and scans is not None and sm_count is not None \
-            and scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
+    known = scans is not None and sm_count is not None
+    if pipelined and row_decay and known:
+        for bv in (32, 64):
+            if scans * triton.cdiv(V, bv) <= sm_count:
+                return min(bv, triton.next_power_of_2(V)), 4, 3
+    if pipelined and known and scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
         BV = 32
-    stages = 2 if pipelined else 1
-    if pipelined and row_decay and BV == 32 and scans * triton.cdiv(V, 32) <= sm_count:
-        stages = 3
-    return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, stages
+    return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
 
 
 @functools.lru_cache
