@@ -165,7 +165,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                    fp32: bool = False):
     """The scalar-gate path's kernels as ``qed_chunk`` launches them for per-head ``g, b = w``
     (``[B, T, HV]``), arm full, lambda per head, bf16 inputs (or float32 with ``fp32``); the state
-    scan at its rule's configurations for one long sequence and for many."""
+    scan at its rule's configurations for many scans (sequences x value heads), for 64 and for one."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
     print(f"--- scalar-gate forward, {io} inputs, float32 state, probes {probes}, H={H} HV={HV} K={K} V={V}")
     absent = lambda *names: {} if probes else {n: None for n in names}  # noqa: E731
@@ -189,7 +189,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                  dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
                       DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True), warps or chunk_wy.WY_WARPS)
         dtype = torch.float32 if fp32 else torch.bfloat16
-        for scans in (1 << 20, 1):
+        for scans in (1 << 20, 64, 1):
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
             print(f"BV={BV:<3d}", end=" ")
             compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
