@@ -231,6 +231,38 @@ def test_row_decay_state_scan_rule():
     assert state_config(128, 128, torch.float32, scans=2, sm_count=132, row_decay=True) == (64, 8, 1)
 
 
+def test_block_inverse_writes_zeros_above_the_diagonal(monkeypatch):
+    """``chunk_inverse_fwd`` against ``torch.linalg.inv(I + A)`` per chunk and value head in float64,
+    the partial last chunk of T = 100 included, with exact zeros above the diagonal (W/U and the
+    backward load ``Ai``'s rows whole). Its output starts as NaN, so an entry left unwritten shows."""
+    from qedprobe.kernels.qed.chunk import chunk_precision
+    from qedprobe.kernels.qed.chunk_common import BT, chunk_layout
+    from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd
+    from qedprobe.kernels.qed.inputs import check_qed_inputs
+    x = chunk_inputs(B=2, seed=5)
+    q, k, v, g, b, w, lam = op_args(x)
+    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
+                         initial_state=None, cu_seqlens=None)
+    lay = chunk_layout(P, None, q.device, chunk_precision(P, q, k, v, b, w)[1])
+    B, T, HV = v.shape[:3]
+    gen = torch.Generator().manual_seed(0)
+    akk = torch.zeros(B, T, HV, BT, dtype=torch.float64)
+    for c0 in range(0, T, BT):
+        n = min(BT, T - c0)
+        a = torch.randn(B, n, HV, n, generator=gen, dtype=torch.float64) * 0.3
+        akk[:, c0:c0 + n, :, :n] = a * torch.ones(n, n).tril(-1)[None, :, None, :].to(a)
+    nan_like = lambda t, **kw: torch.full_like(t, float("nan"), **kw)  # noqa: E731
+    monkeypatch.setattr(torch, "empty_like", nan_like)
+    ai = chunk_inverse_fwd(akk.to(DEVICE), lay=lay, out_dtype=torch.float64).cpu()
+    for c0 in range(0, T, BT):
+        n = min(BT, T - c0)
+        A = akk[:, c0:c0 + n, :, :n].permute(0, 2, 1, 3)
+        want = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + A)
+        got = ai[:, c0:c0 + n].permute(0, 2, 1, 3)
+        assert_close("Ai", got[..., :n], want, 1e-12)
+        assert (got[..., n:] == 0).all() and (got[..., :n].triu(1) == 0).all()
+
+
 def test_rejects_bad_input():
     x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):
