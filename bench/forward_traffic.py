@@ -114,7 +114,7 @@ EARLIER_KEYS = sum(i + 1 for i in range(BT // BC)) / (BT // BC)
 (row block ``i`` reads key rows ``0 .. (i+1) BC - 1``)."""
 BLOCKS_ON_AND_BELOW = sum(range(1, BT // BC + 1)) / (BT // BC) ** 2
 """Fraction of a ``[BT, BT]`` tile in the ``BC``-blocks on and below the diagonal (what the
-scores kernel and the block inverse write)."""
+scores kernel writes; the block inverse writes the zero blocks above them too)."""
 INV_LOADED = (sum(range(BC)) * (BT // BC) + 6 * BC * BC) / (BT * BT)
 """Fraction of ``A_kk`` the block inverse loads: the strict lower part of the four diagonal
 blocks (row ``i`` reads ``i`` entries) and the six blocks below them."""
@@ -145,9 +145,9 @@ def qed_launches(s: Shape, probes: bool, io: int = IO) -> list[Launch]:
                     writes=(Access("aqk", ta, io, share=BLOCKS_ON_AND_BELOW), Access("akk", ta, F32, share=BLOCKS_ON_AND_BELOW),
                             *p(Access("adk", ta, io, share=BLOCKS_ON_AND_BELOW))), kernel="qed_scores_kernel")
     inverse = Launch("inverse (qed_inverse_kernel)", reads=(Access("akk", ta, F32, share=INV_LOADED),),
-                     writes=(Access("ai", ta, io, share=BLOCKS_ON_AND_BELOW),), kernel="qed_inverse_kernel")
+                     writes=(Access("ai (zeros above the diagonal)", ta, io),), kernel="qed_inverse_kernel")
     wy = Launch("W/U (qed_wy_kernel)",
-                reads=(Access("ai (lower)", ta, io, share=LOWER), Access("ag", tk, io), Access("v, w_gate", 2 * tv, io)),
+                reads=(Access("ai (rows whole)", ta, io), Access("ag", tk, io), Access("v, w_gate", 2 * tv, io)),
                 writes=(Access("w = W", tk, io), Access("u = U", tv, io)), kernel="qed_wy_kernel")
     state = Launch("state scan (qed_state_kernel)",
                    reads=(Access("w, kg", 2 * tk, io, nvb_state), Access("u", tv, io),
