@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, scan_program, scan_ranges
+from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile, scan_program,
+                           scan_ranges)
 
 
 @triton.jit
@@ -50,14 +51,14 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
         b_gl = tl.load(gc + (tl.minimum(bos + i_t * BT + BT, eos) - 1) * HV).to(DT)
     else:
         b_gl = tl.load(gl + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0.).to(DT)
-    b_r = (b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)).to(b_w.dtype)
+    b_r = b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)
     if STORE_R:
         tl.store(r + rows[:, None] * (HV * V) + o_v[None, :], b_r.to(r.dtype.element_ty), mask=m_tv)
     if ROW_DECAY:
-        b_rd = (b_r.to(DT) * tl.where(m_t, exp(b_gl - b_G), 0.)[:, None]).to(b_w.dtype)
+        b_rd = (b_r * tl.where(m_t, exp(b_gl - b_G), 0.)[:, None]).to(b_w.dtype)
         out = S * exp(b_gl) + tl.dot(tl.trans(b_kg), b_rd, input_precision=PREC)
     else:
-        out = S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r, input_precision=PREC)
+        out = S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r.to(b_w.dtype), input_precision=PREC)
     return out
 
 
@@ -278,6 +279,23 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     )
 
 
+@triton.jit
+def _direction_rows(b_q, b_k, z, d_in, o_k, m_k, r0, t_s, m_s, i_hv, HV: tl.constexpr, K: tl.constexpr,
+                    DIR_SOURCE: tl.constexpr, DT: tl.constexpr):
+    """The arm's raw direction ``x`` on the rows of ``b_q, b_k`` (``[rows, BK]``, ``DT``; token
+    ``r0 + t_s`` each): the normalised queries, the value head's ``z`` on every row, the given
+    ``d``, or none (zeros)."""
+    if DIR_SOURCE == "q":
+        x = b_q
+    elif DIR_SOURCE == "z":
+        x = b_k * 0. + tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)[None, :]
+    elif DIR_SOURCE == "d":
+        x = load_tile(d_in + r0 * (HV * K) + i_hv * K, t_s, m_s, o_k, m_k, HV * K, DT)
+    else:
+        x = b_k * 0.
+    return x
+
+
 @triton.heuristics({
     "PROBES": lambda args: args["sd"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -295,46 +313,44 @@ def qed_scalar_output_kernel(
     i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_h = i_hv // (HV // H)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_x % NV, K, V, BT, BK, BV)
-    rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
-    b_q = tl.load(qn + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
-    b_k = tl.load(kn + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
-    b_h = tl.load(hs + (i_g * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :],
-                  other=0.)
-    b_r = tl.load(r + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], mask=m_tv, other=0.)
-    b_G = tl.load(gc + rows * HV + i_hv, mask=m_t, other=0.).to(DT)
-    causal = o_t[:, None] >= o_t[None, :]
-    dec = exp(tl.where(causal, b_G[:, None] - b_G[None, :], 0.))
-    ex = exp(b_G)[:, None]
-    qs = tl.dot(b_q, b_h, input_precision=PREC)
-    QK = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-    b_a = tl.where(causal, QK * dec, 0.).to(b_r.dtype)
-    b_o = (qs * ex + tl.dot(b_a, b_r, input_precision=PREC)) * scale
-    tl.store(o + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+    # with probes the rows are stacked: the chunk's queries (-> o), then its directions (-> Sd)
+    SR: tl.constexpr = 2 * BT if PROBES else BT
+    o_s = tl.arange(0, SR)
+    top = o_s < BT
+    t_s = o_s % BT
+    r0 = bos + i_t * BT
+    m_t = o_t < eos - r0
+    m_s = t_s < eos - r0
+    qn += r0 * (H * K) + i_h * K
+    kn += r0 * (H * K) + i_h * K
+    gc += r0 * HV + i_hv
+    b_k = load_tile(kn, o_t, m_t, o_k, m_k, H * K, kn.dtype.element_ty)
+    b_h = load_tile(hs + (i_g * HV + i_hv) * K * V, o_k, m_k, o_v, m_v, V, hs.dtype.element_ty)
+    b_r = load_tile(r + r0 * (HV * V) + i_hv * V, o_t, m_t, o_v, m_v, HV * V, r.dtype.element_ty)
+    b_G = tl.load(gc + o_t * HV, mask=m_t, other=0.).to(DT)
     if PROBES:
-        # Sd_t = d_t^T S_bar_t with d = bx x - c k_hat: (bx (x S0) - c (k S0)) e^G + (bx X K^T - c K K^T) Dec R
-        p = rows * HV + i_hv
-        bx = tl.load(b + p, mask=m_t, other=0.).to(DT) if DIR_GATED else b_G * 0. + 1.
-        c = tl.load(cp + p, mask=m_t, other=0.).to(DT)
-        ks = tl.dot(b_k, b_h, input_precision=PREC)
-        KK = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-        if DIR_SOURCE == "q":
-            xs = qs
-            XK = QK
-        elif DIR_SOURCE == "z":
-            zz = tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)
-            xs = tl.sum(zz[:, None] * b_h.to(DT), 0)[None, :] + ks * 0.
-            XK = tl.sum(b_k.to(DT) * zz[None, :], 1)[None, :] + KK * 0.
-        elif DIR_SOURCE == "d":
-            b_d = tl.load(d_in + rows[:, None] * (HV * K) + i_hv * K + o_k[None, :], mask=m_tk, other=0.).to(b_k.dtype)
-            xs = tl.dot(b_d, b_h, input_precision=PREC)
-            XK = tl.dot(b_d, tl.trans(b_k), input_precision=PREC)
-        else:
-            xs = ks * 0.
-            XK = KK * 0.
-        strict = o_t[:, None] > o_t[None, :]
-        b_ad = tl.where(strict, (bx[:, None] * XK - c[:, None] * KK) * dec, 0.).to(b_r.dtype)
-        b_sd = (bx[:, None] * xs - c[:, None] * ks) * ex + tl.dot(b_ad, b_r, input_precision=PREC)
-        tl.store(sd + rows[:, None] * (HV * V) + i_hv * V + o_v[None, :], b_sd.to(sd.dtype.element_ty), mask=m_tv)
+        # d_t = bx_t x_t - c_t k_hat_t; Sd_t = d_t^T S_bar_t, the state before token t (j < t)
+        p = r0 * HV + i_hv + t_s * HV
+        b_q = load_tile(qn, t_s, m_s, o_k, m_k, H * K, DT)
+        b_ks = load_tile(kn, t_s, m_s, o_k, m_k, H * K, DT)
+        bx = tl.load(b + p, mask=m_s, other=0.).to(DT) if DIR_GATED else tl.where(m_s, 1., 0.)
+        c = tl.load(cp + p, mask=m_s, other=0.).to(DT)
+        x = _direction_rows(b_q, b_ks, z, d_in, o_k, m_k, r0, t_s, m_s, i_hv, HV, K, DIR_SOURCE, DT)
+        b_x = tl.where(top[:, None], b_q, bx[:, None] * x - c[:, None] * b_ks).to(b_k.dtype)
+        G_s = tl.load(gc + t_s * HV, mask=m_s, other=0.).to(DT)
+        keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
+    else:
+        b_x = load_tile(qn, o_t, m_t, o_k, m_k, H * K, qn.dtype.element_ty)
+        G_s = b_G
+        keep = o_t[:, None] >= o_t[None, :]
+    dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
+    b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(b_r.dtype)
+    b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
+    p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
+    m_o = m_s[:, None] & m_v[None, :]
+    tl.store(o + p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_o & top[:, None])
+    if PROBES:
+        tl.store(sd + p_o, b_o.to(sd.dtype.element_ty), mask=m_o & ~top[:, None])
 
 
 def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int]:
