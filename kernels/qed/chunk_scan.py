@@ -38,8 +38,8 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
     (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys
     of the query/key head (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row:
-    the residuals are scaled by ``e^{G_last - G}`` before the key product, and the state by
-    ``e^{G_last}``."""
+    the residuals are scaled by ``e^{G_last - G}`` before the key product (in the state dtype, then
+    rounded once to the products' dtype), and the state by ``e^{G_last}``."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
              S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
@@ -369,8 +369,11 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
     * Dec) R)`` from the Gram stage's normalised queries and keys (``intra``:
     ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T`` formed here rather than stored; with
     ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
-    ``x`` (``chunk_intra.DirectionInputs``). ``config`` ``(BV, num_warps, num_stages)`` overrides
-    the rule (for screening configurations)."""
+    ``x`` (``chunk_intra.DirectionInputs``). For the probe each program builds ``d = bx x - c k_hat``
+    in registers and stacks it under ``q_hat``: the ``2 BT`` rows ``[q_hat; d]`` go through the same
+    three products as ``q_hat`` alone (``X S0``, ``X K^T``, ``(X K^T * Dec) R``), causal including
+    the diagonal for ``o`` and strictly causal for ``Sd``. ``config`` ``(BV, num_warps, num_stages)``
+    overrides the rule (for screening configurations)."""
     B, T, H, K = intra.kn.shape
     HV, V = r.shape[2], r.shape[-1]
     BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)
