@@ -354,11 +354,13 @@ def qed_scalar_output_kernel(
 
 
 def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int]:
-    """``(BV, num_warps, num_stages)`` of the scalar-gate output kernel, by rule: bf16 tiles without
-    probes take the whole value axis up to 128 in 4 warps (on an H100 faster than 8 warps or value
-    blocks of 64; docs/BENCHMARKS.md); otherwise as :func:`output_config`, unpipelined."""
-    if inter_dtype == torch.bfloat16 and not probes:
-        return min(128, triton.next_power_of_2(V)), 4, 1
+    """``(BV, num_warps, num_stages)`` of the scalar-gate output kernel, by rule: bf16 tiles take the
+    whole value axis up to 128, in 4 warps without probes (on an H100 faster than 8 warps or value
+    blocks of 64; docs/BENCHMARKS.md) and in 8 with them (``2 BT`` stacked rows: the products of
+    ``[q_hat; d]`` once per chunk rather than once per value block); float32 / float64 tiles as
+    :func:`output_config`, unpipelined."""
+    if inter_dtype == torch.bfloat16:
+        return min(128, triton.next_power_of_2(V)), (8 if probes else 4), 1
     return (*output_config(V, inter_dtype, probes), 1)
 
 
