@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile, scan_program,
                            scan_ranges)
+from .chunk_intra import raw_direction
 
 
 @triton.jit
@@ -279,23 +280,6 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     )
 
 
-@triton.jit
-def _direction_rows(b_q, b_k, z, d_in, o_k, m_k, r0, t_s, m_s, i_hv, HV: tl.constexpr, K: tl.constexpr,
-                    DIR_SOURCE: tl.constexpr, DT: tl.constexpr):
-    """The arm's raw direction ``x`` on the rows of ``b_q, b_k`` (``[rows, BK]``, ``DT``; token
-    ``r0 + t_s`` each): the normalised queries, the value head's ``z`` on every row, the given
-    ``d``, or none (zeros)."""
-    if DIR_SOURCE == "q":
-        x = b_q
-    elif DIR_SOURCE == "z":
-        x = b_k * 0. + tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)[None, :]
-    elif DIR_SOURCE == "d":
-        x = load_tile(d_in + r0 * (HV * K) + i_hv * K, t_s, m_s, o_k, m_k, HV * K, DT)
-    else:
-        x = b_k * 0.
-    return x
-
-
 @triton.heuristics({
     "PROBES": lambda args: args["sd"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
@@ -330,13 +314,18 @@ def qed_scalar_output_kernel(
     b_G = tl.load(gc + o_t * HV, mask=m_t, other=0.).to(DT)
     if PROBES:
         # d_t = bx_t x_t - c_t k_hat_t; Sd_t = d_t^T S_bar_t, the state before token t (j < t)
-        p = r0 * HV + i_hv + t_s * HV
+        rows = r0 + t_s
+        p = rows * HV + i_hv
+        if z is not None:
+            z += i_hv * K
+        if d_in is not None:
+            d_in += i_hv * K
         b_q = load_tile(qn, t_s, m_s, o_k, m_k, H * K, DT)
         b_ks = load_tile(kn, t_s, m_s, o_k, m_k, H * K, DT)
-        bx = tl.load(b + p, mask=m_s, other=0.).to(DT) if DIR_GATED else tl.where(m_s, 1., 0.)
+        bx = tl.load(b + p, mask=m_s, other=0.).to(DT)
         c = tl.load(cp + p, mask=m_s, other=0.).to(DT)
-        x = _direction_rows(b_q, b_ks, z, d_in, o_k, m_k, r0, t_s, m_s, i_hv, HV, K, DIR_SOURCE, DT)
-        b_x = tl.where(top[:, None], b_q, bx[:, None] * x - c[:, None] * b_ks).to(b_k.dtype)
+        x = raw_direction(b_q, bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        b_x = tl.where(top[:, None], b_q, x - c[:, None] * b_ks).to(b_k.dtype)
         G_s = tl.load(gc + t_s * HV, mask=m_s, other=0.).to(DT)
         keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
     else:
