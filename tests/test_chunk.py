@@ -215,12 +215,14 @@ def test_state_scan_value_block_rule():
 
 
 def test_row_decay_state_scan_rule():
-    """The scalar-gate scan runs three stages deep with the smallest value block whose programs fit
-    one per SM, and falls back to the per-channel rule when neither fits."""
+    """The scalar-gate scan takes the smallest value block whose programs fit one per SM (four stages
+    at 16, three above), and falls back to the per-channel rule when none fits."""
     from qedprobe.kernels.qed.chunk_scan import state_config
     bf16 = torch.bfloat16
     rule = lambda scans: state_config(128, 128, bf16, scans=scans, sm_count=132, row_decay=True)  # noqa: E731
-    assert rule(16) == (32, 4, 3)       # 1 x 16 value heads: 64 programs at 32
+    assert rule(8) == (16, 4, 4)        # 64 programs at 16
+    assert rule(16) == (16, 4, 4)       # 1 x 16 value heads: 128 programs at 16
+    assert rule(17) == (32, 4, 3)       # 136 at 16, 68 at 32
     assert rule(33) == (32, 4, 3)       # 132 programs: the last that fits at 32
     assert rule(34) == (64, 4, 3)       # 136 at 32, 68 at 64
     assert rule(64) == (64, 4, 3)       # 1 x 64 value heads: 128 programs at 64

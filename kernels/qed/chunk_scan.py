@@ -188,19 +188,19 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     sm_count``: few, long sequences), it takes value blocks of 32: twice the programs, each step
     on half the state block. With more scans the second wave would cost more, and ``BV = 64`` stays.
 
-    The scalar-gate path's scan (``row_decay``) is pipelined three deep with the smallest value
-    block (32, else 64) whose programs fit one per SM (``scans * cdiv(V, BV) <= sm_count``; three
-    stages leave room for one program per SM): on an H100 much faster than two deep at twice the
-    programs (docs/BENCHMARKS.md).
+    The scalar-gate path's scan (``row_decay``) takes the smallest value block (16, 32, else 64)
+    whose programs fit one per SM (``scans * cdiv(V, BV) <= sm_count``), pipelined four deep at 16
+    and three deep above (the stages leave room for one program per SM): on an H100 much faster
+    than two deep at twice the programs (docs/BENCHMARKS.md).
     """
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
     pipelined = inter_dtype == torch.bfloat16 and BK <= 128
     known = scans is not None and sm_count is not None
     if pipelined and row_decay and known:
-        for bv in (32, 64):
+        for bv, stages in ((16, 4), (32, 3), (64, 3)):
             if scans * triton.cdiv(V, bv) <= sm_count:
-                return min(bv, triton.next_power_of_2(V)), 4, 3
+                return min(bv, triton.next_power_of_2(V)), 4, stages
     if pipelined and known and scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
         BV = 32
     return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
@@ -344,12 +344,12 @@ def qed_scalar_output_kernel(
 
 def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int]:
     """``(BV, num_warps, num_stages)`` of the scalar-gate output kernel, by rule: bf16 tiles take the
-    whole value axis up to 128, in 4 warps without probes (on an H100 faster than 8 warps or value
-    blocks of 64; docs/BENCHMARKS.md) and in 8 with them (``2 BT`` stacked rows: the products of
-    ``[q_hat; d]`` once per chunk rather than once per value block); float32 / float64 tiles as
-    :func:`output_config`, unpipelined."""
+    whole value axis up to 128 in 4 warps, with probes or without (with them the ``2 BT`` stacked
+    rows ``[q_hat; d]`` go through the products once per chunk rather than once per value block; on
+    an H100 4 warps are faster than 8 or value blocks of 64, docs/BENCHMARKS.md); float32 / float64
+    tiles as :func:`output_config`, unpipelined."""
     if inter_dtype == torch.bfloat16:
-        return min(128, triton.next_power_of_2(V)), (8 if probes else 4), 1
+        return min(128, triton.next_power_of_2(V)), 4, 1
     return (*output_config(V, inter_dtype, probes), 1)
 
 
