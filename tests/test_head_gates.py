@@ -111,6 +111,30 @@ def test_scalar_gate_path_variants(case):
         torch.testing.assert_close(got[2]["d"], kw["d"], atol=0, rtol=0)
 
 
+def test_scalar_gate_state_scan_value_blocks_agree(monkeypatch):
+    """The scalar-gate state scan at value blocks of 16 (what the rule takes for a few long
+    sequences on a GPU) and of 64: the same outputs, states and probes (the value axis only splits
+    independent columns), both matching float64 qed_naive. Float32 inputs: the interpreter has no
+    bf16 products, so the launch is forced rather than chosen by the rule (its choices are
+    ``tests/test_chunk.py::test_row_decay_state_scan_rule``)."""
+    from qedprobe.kernels.qed import chunk_scan
+    x = grouped_inputs(B=1, T=70, H=1, HV=2, K=32, V=64, seed=41, device=DEVICE)
+    x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
+    kw = dict(arm="full", output_final_state=True, return_probes=True)
+    ref = qed_naive(*args(x), **kw)
+    x32 = {n: t.float() for n, t in x.items()}
+    runs = {}
+    for launch in ((16, 4, 4), (64, 8, 1)):
+        monkeypatch.setattr(chunk_scan, "state_config", lambda *a, launch=launch, **k: launch)
+        o, s, p = runs[launch[0]] = qed_chunk(*args(x32), **kw)
+        assert_outputs_close((o.double(), s.double(), {n: t.double() for n, t in p.items()}), ref, atol=2e-5)
+    (o16, s16, p16), (o64, s64, p64) = runs[16], runs[64]
+    torch.testing.assert_close(o16, o64, atol=1e-6, rtol=0)
+    torch.testing.assert_close(s16, s64, atol=1e-6, rtol=0)
+    for n in p16:
+        torch.testing.assert_close(p16[n], p64[n], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_chunk_major_grid_beyond_the_axis_limit(form, monkeypatch):
     """Per-chunk launches put the heads on the grid's first axis while the chunks fit the second
