@@ -2,6 +2,7 @@
 the benchmark shape (or another ``--B``, ``--T``), each result compared with the rule configuration's.
 
     python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--state-only] [--json PATH]
+    python scripts/scan_configs.py --head-gates [--HV 16] [--B 1 --T 32768] [--json PATH]
 
 Why: the state scan's ``N * HV * cdiv(V, BV)`` programs (256 at the benchmark shape, 32 at
 ``--B 1 --T 32768`` with ``BV = 64``) each walk every chunk of a sequence in order, so its best value
@@ -10,6 +11,12 @@ docs/BENCHMARKS.md has the registers and spills of each configuration). The outp
 ``BV = 128`` reads ``qg`` and ``A_qk`` (with probes also ``dg`` and ``A_dk``) once instead of twice;
 in pipelined key blocks its loads can overlap its products. The fastest configuration that
 matches becomes the rule.
+
+``--head-gates``: the scalar-gate path instead (``g``, ``b``, ``w`` one per token and value head,
+``--H`` q/k heads and ``--HV`` value heads, as a Qwen3.5 layer): its state scan with the decay per
+row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
+``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
+installed, and its output kernel with the probes ``Sd`` on and off (:data:`SCALAR_OUTPUT_CONFIGS`).
 
 Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
 Prints one line per configuration; ``--json`` writes the rows.
@@ -28,8 +35,10 @@ from qedprobe.kernels.qed.chunk import chunk_intra_fwd, chunk_precision, directi
 from qedprobe.kernels.qed import chunk_scan
 from qedprobe.kernels.qed.chunk_common import chunk_layout
 from qedprobe.kernels.qed.chunk_scan import (chunk_output_fwd, chunk_state_fwd, multiprocessors, output_config,
-                                             state_config)
+                                             scalar_output_config, scalar_output_fwd, state_config)
+from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd, scalar_wy_fwd
 from qedprobe.kernels.qed.inputs import check_qed_inputs
+from qedprobe.kernels.qed.scalar_gram import scalar_gram_fwd
 
 STATE_CONFIGS = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)
                  if (bv, warps, stages) != (32, 4, 1)]
@@ -40,6 +49,10 @@ OUTPUT_CONFIGS = [(bv, warps, kb, stages) for bv in (64, 128) for warps in (4, 8
                   for kb, stages in ((256, 1), (32, 2), (32, 3))]
 """(BV, warps, key block, stages) of the output kernel (``chunk_output_fwd``'s ``config``), probes off
 and on; (256, 1): one key block, unpipelined, as by default."""
+ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in (2, 3, 4)]
+"""(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``)."""
+SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
+"""(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
 
 
 def inputs(B, T, H, K, V, dev):
@@ -49,6 +62,85 @@ def inputs(B, T, H, K, V, dev):
     return (torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, V, **bf) * 0.5,
             -torch.rand(B, T, H, K, device=dev) * 0.1, torch.rand(B, T, H, K, **bf), torch.rand(B, T, H, V, **bf),
             0.1 * torch.ones(H, device=dev))
+
+
+def head_gate_inputs(B, T, H, HV, K, V, dev):
+    """A Qwen3.5 layer's recurrence inputs (``bench/hf_models.py``'s op rows): bf16 q, k ``[B, T, H, K]``,
+    v ``[B, T, HV, V]``, float32 log-decay and bf16 ``beta`` ``[B, T, HV]`` (``b = w = beta``), lam 0.1."""
+    torch.manual_seed(0)
+    bf = dict(device=dev, dtype=torch.bfloat16)
+    beta = torch.rand(B, T, HV, **bf)
+    return (torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, K, **bf), torch.randn(B, T, HV, V, **bf) * 0.5,
+            -torch.rand(B, T, HV, device=dev) * 0.1, beta, beta, 0.1 * torch.ones(HV, device=dev))
+
+
+def fla_state_scan(gram, wy):
+    """fla's ``chunk_gated_delta_rule_fwd_h`` on the scalar-gate path's ``w``, ``u``, normalised keys
+    and cumulative decay, or None without CUDA (fla's autotuner needs a GPU) or fla (its keys have
+    one head per value head: the q/k heads are repeated when grouped)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    except ImportError:
+        return None
+    m = wy.w.shape[2] // gram.kn.shape[2]
+    kn, gc = gram.kn.repeat_interleave(m, dim=2), gram.gc.float().contiguous()
+    return lambda: chunk_gated_delta_rule_fwd_h(k=kn, w=wy.w, u=wy.u, g=gc)
+
+
+def head_gate_rows(a, dev) -> list[dict]:
+    """``--head-gates``: the scalar-gate path's state scan and output kernel under each configuration,
+    each compared with the rule configuration's results, and fla's state scan."""
+    q, k, v, g, b, w, lam = head_gate_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, dev)
+    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
+                         initial_state=None, cu_seqlens=None)
+    inter, prec = chunk_precision(P, q, k, v, b, w)
+    lay = chunk_layout(P, None, dev, prec)
+    x = direction_inputs(P, q, k, b, lam, "full", None, None, True)
+    gram, akk = scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=True)
+    wy = scalar_wy_fwd(x, gram, v, w, chunk_inverse_fwd(akk, lay=lay, out_dtype=inter), lay=lay)
+    hs, r = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter), torch.empty_like(wy.u)
+    o, sd = torch.empty_like(v), torch.empty(v.shape, device=dev, dtype=P.compute_dtype)
+
+    def state(cfg):
+        return lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r, T=P.T,
+                                       N=P.N, config=cfg)
+
+    def output(cfg, probes):
+        return lambda: scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd if probes else None,
+                                         config=cfg)
+
+    rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
+    state(rule)()
+    ref_hs, ref_r = hs.clone(), r.clone()
+    rows = []
+    for cfg in list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])):
+        t = timed(state(cfg))
+        rows.append(dict(kernel="qed_state_kernel (decay per row)", BV=cfg[0], warps=cfg[1], stages=cfg[2],
+                         programs=triton.cdiv(P.V, cfg[0]) * P.N * P.HV, ms=round(t, 4), rule=cfg == rule,
+                         max_diff=max((hs - ref_hs).abs().max().item(), (r - ref_r).abs().max().item())))
+        print(rows[-1], flush=True)
+    fla = fla_state_scan(gram, wy)
+    if fla is not None:
+        rows.append(dict(kernel="fla chunk_gated_delta_rule_fwd_h", ms=round(timed(fla), 4)))
+        print(rows[-1], flush=True)
+    state(rule)()  # the output kernel reads the rule configuration's states and residuals
+    if a.state_only:
+        return rows
+    for probes in (False, True):
+        out_rule = scalar_output_config(P.V, inter, probes)
+        output(out_rule, probes)()
+        ref_o, ref_sd = o.clone(), sd.clone()
+        for cfg in list(dict.fromkeys(SCALAR_OUTPUT_CONFIGS + [out_rule])):
+            t = timed(output(cfg, probes))
+            diff = (o - ref_o).abs().max().item()
+            if probes:
+                diff = max(diff, (sd - ref_sd).abs().max().item())
+            rows.append(dict(kernel="qed_scalar_output_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2], probes=probes,
+                             ms=round(t, 4), rule=cfg == out_rule, max_diff=diff))
+            print(rows[-1], flush=True)
+    return rows
 
 
 def timed(fn) -> float:
@@ -64,10 +156,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for n, v in dict(B=8, T=4096, H=16, K=128, V=128).items():
         ap.add_argument(f"--{n}", type=int, default=v)
+    ap.add_argument("--HV", type=int, default=None, help="value heads (--head-gates; default --H)")
+    ap.add_argument("--head-gates", action="store_true",
+                    help="screen the scalar-gate path's state scan and output kernel (g, b, w per value head)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--state-only", action="store_true", help="screen the state scan only, not the output kernel")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.HV is not None and not a.head_gates:
+        ap.error("--HV is the scalar-gate path's value heads: it needs --head-gates")
+    a.HV = a.H if a.HV is None else a.HV
+    if a.HV % a.H:
+        ap.error(f"--HV must be a multiple of --H (grouped value heads), got --HV {a.HV} with --H {a.H}")
+    if a.head_gates:
+        write_rows(a, dev, head_gate_rows(a, dev))
+        return
     q, k, v, g, b, w, lam = inputs(a.B, a.T, a.H, a.K, a.V, dev)
     P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
                          initial_state=None, cu_seqlens=None)
@@ -120,6 +223,11 @@ def main():
             rows.append(dict(kernel="qed_output_kernel", BV=cfg[0], warps=cfg[1], key_block=cfg[2], stages=cfg[3],
                              probes=p, ms=round(t, 4), rule=cfg == effective(out_rules[p]), max_diff=diff))
             print(rows[-1], flush=True)
+    write_rows(a, dev, rows)
+
+
+def write_rows(a, dev, rows) -> None:
+    """``rows`` with the shape and device to ``--json``, where given."""
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(shape=vars(a), device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
