@@ -20,7 +20,8 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
 * ``decode``: one token with a carried state (B = 8, 16 q/k heads, 32 value heads):
   ``qed_recurrent`` against fla's ``fused_recurrent_gated_delta_rule``, eager and CUDA-graph replay.
 * ``parts``: per-kernel device times (torch.profiler, ms per call) of ``qed_chunk`` (probes off
-  and on) and fla's ``chunk_gated_delta_rule`` at 1 x 32K with each ``--value-heads`` count.
+  and on) and fla's ``chunk_gated_delta_rule`` at 1 x 32K and 8 x 4K with each ``--value-heads``
+  count.
 * ``decoder``: a random Qwen3.5-shaped model adapted with ``qedprobe.hf`` (nothing hooked; QED
   injected with ``hook_e`` and ``hook_Sd`` hooked) against the native model: prefill at 32K and
   128K with peak memory, and the decode steps inside ``generate`` (B = 8 prompts of 8K, 16 steps,
@@ -65,8 +66,6 @@ VALUE_HEADS = (16, 32, 64)
 KDA_HEADS = 32
 DECODE = dict(B=8, H=16, HV=32)
 SECTIONS = ("op", "kda", "decode", "decoder", "parts", "decode_parts")
-PARTS_TOKENS = (1, 32768)
-"""``(B, T)`` of the per-kernel rows (``parts``)."""
 
 
 def P(*a):
@@ -229,11 +228,10 @@ def decode_rows(rows: Rows, left):
 
 
 def parts_rows(rows: Rows, left, value_heads=(32,)):
-    B, T = PARTS_TOKENS
     fla_op, label = native_gdn()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kernel_times import kernel_ms
-    for HV in value_heads:
+    for HV, (B, T) in ((hv, shape) for hv in value_heads for shape in OP_SHAPES):
         if left() < 20:
             P("budget: parts rows cut")
             return
