@@ -47,6 +47,7 @@ import collections
 import contextlib
 import datetime
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -231,7 +232,7 @@ def parts_rows(rows: Rows, left, value_heads=(32,)):
     fla_op, label = native_gdn()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kernel_times import kernel_ms
-    for HV, (B, T) in ((hv, shape) for hv in value_heads for shape in OP_SHAPES):
+    for HV, (B, T) in itertools.product(value_heads, OP_SHAPES):
         if left() < 20:
             P("budget: parts rows cut")
             return

@@ -89,6 +89,23 @@ def fla_state_scan(gram, wy):
     return lambda: chunk_gated_delta_rule_fwd_h(k=kn, w=wy.w, u=wy.u, g=gc)
 
 
+def state_rows(kernel: str, state, configs, rule, hs, r, P) -> list[dict]:
+    """One row per state-scan configuration of ``configs`` (``state(cfg)`` launches it, writing
+    ``hs`` and ``r``): its time and its largest difference from the ``rule`` configuration's states
+    and residuals, which it leaves in ``hs`` and ``r`` for the output kernel to read."""
+    state(rule)()
+    ref_hs, ref_r = hs.clone(), r.clone()
+    rows = []
+    for cfg in configs:
+        t = timed(state(cfg))
+        rows.append(dict(kernel=kernel, BV=cfg[0], warps=cfg[1], stages=cfg[2],
+                         programs=triton.cdiv(P.V, cfg[0]) * P.N * P.HV, ms=round(t, 4), rule=cfg == rule,
+                         max_diff=max((hs - ref_hs).abs().max().item(), (r - ref_r).abs().max().item())))
+        print(rows[-1], flush=True)
+    state(rule)()
+    return rows
+
+
 def head_gate_rows(a, dev) -> list[dict]:
     """``--head-gates``: the scalar-gate path's state scan and output kernel under each configuration,
     each compared with the rule configuration's results, and fla's state scan."""
@@ -112,20 +129,12 @@ def head_gate_rows(a, dev) -> list[dict]:
                                          config=cfg)
 
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
-    state(rule)()
-    ref_hs, ref_r = hs.clone(), r.clone()
-    rows = []
-    for cfg in list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])):
-        t = timed(state(cfg))
-        rows.append(dict(kernel="qed_state_kernel (decay per row)", BV=cfg[0], warps=cfg[1], stages=cfg[2],
-                         programs=triton.cdiv(P.V, cfg[0]) * P.N * P.HV, ms=round(t, 4), rule=cfg == rule,
-                         max_diff=max((hs - ref_hs).abs().max().item(), (r - ref_r).abs().max().item())))
-        print(rows[-1], flush=True)
+    rows = state_rows("qed_state_kernel (decay per row)", state, list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])),
+                      rule, hs, r, P)
     fla = fla_state_scan(gram, wy)
     if fla is not None:
         rows.append(dict(kernel="fla chunk_gated_delta_rule_fwd_h", ms=round(timed(fla), 4)))
         print(rows[-1], flush=True)
-    state(rule)()  # the output kernel reads the rule configuration's states and residuals
     if a.state_only:
         return rows
     for probes in (False, True):
@@ -196,8 +205,7 @@ def main():
         return min(bv, triton.next_power_of_2(P.V)), warps, min(kb, triton.next_power_of_2(P.K)), stages
 
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device))
-    state(rule)()
-    ref_hs, ref_r = hs.clone(), r.clone()
+    rows = state_rows("qed_state_kernel", state, STATE_CONFIGS, rule, hs, r, P)
     out_rules = {p: (*output_config(P.V, inter, p), chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES)
                  for p in (False, True)}
     out_configs = [] if a.state_only else list(dict.fromkeys(
@@ -206,14 +214,6 @@ def main():
     for p, cfg in ([] if a.state_only else out_rules.items()):
         output(cfg, p)()
         refs[p] = (o.clone(), sd.clone() if p else None)
-    rows = []
-    for cfg in STATE_CONFIGS:
-        t = timed(state(cfg))
-        rows.append(dict(kernel="qed_state_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2],
-                         programs=triton.cdiv(P.V, cfg[0]) * P.N * P.HV, ms=round(t, 4), rule=cfg == rule,
-                         max_diff=max((hs - ref_hs).abs().max().item(), (r - ref_r).abs().max().item())))
-        print(rows[-1], flush=True)
-    state(rule)()  # the output kernel reads the rule configuration's states and residuals
     for cfg in out_configs:
         for p in (False, True):
             t = timed(output(cfg, p))
