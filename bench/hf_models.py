@@ -60,6 +60,8 @@ from triton.testing import do_bench
 
 from qedprobe.kernels.qed import qed_chunk, qed_recurrent
 
+from layer_inputs import head_gate_inputs
+
 DEV = "cuda"
 OP_SHAPES = [(1, 32768), (8, 4096)]
 QK_HEADS, HEAD_DIM = 16, 128
@@ -71,18 +73,6 @@ SECTIONS = ("op", "kda", "decode", "decoder", "parts", "decode_parts")
 
 def P(*a):
     print(*a, flush=True)
-
-
-def gdn_inputs(B, T, H, HV, D=HEAD_DIM, *, channel_g=False, seed=0):
-    """Random layer inputs: ``q, k`` ``[B, T, H, D]``, ``v`` ``[B, T, HV, D]``, ``g`` float32
-    ``[B, T, HV]`` (``[B, T, HV, D]`` with ``channel_g``), ``beta`` ``[B, T, HV]`` bf16."""
-    torch.manual_seed(seed)
-    bf = torch.bfloat16
-    g_shape = (B, T, HV, D) if channel_g else (B, T, HV)
-    return dict(q=torch.randn(B, T, H, D, device=DEV, dtype=bf), k=torch.randn(B, T, H, D, device=DEV, dtype=bf),
-                v=torch.randn(B, T, HV, D, device=DEV, dtype=bf) * 0.5,
-                g=-0.1 * torch.rand(*g_shape, device=DEV), beta=torch.rand(B, T, HV, device=DEV, dtype=bf),
-                lam=torch.full((HV,), 0.1, device=DEV))
 
 
 def shape_of(x) -> str:
@@ -169,7 +159,7 @@ def op_rows(rows: Rows, left):
             if left() < 20:
                 P("budget: op rows cut")
                 return
-            x = gdn_inputs(B, T, QK_HEADS, HV)
+            x = head_gate_inputs(B, T, QK_HEADS, HV, HEAD_DIM, device=DEV)
             native = measure(native_fn(fla_op, x))
             rows.add(label, shape_of(x), native)
             qed = measure(qed_fn(x))
@@ -190,7 +180,7 @@ def kda_rows(rows: Rows, left):
     for B, T in OP_SHAPES:
         if left() < 20:
             return
-        x = gdn_inputs(B, T, KDA_HEADS, KDA_HEADS, channel_g=True)
+        x = head_gate_inputs(B, T, KDA_HEADS, KDA_HEADS, HEAD_DIM, device=DEV, channel_g=True)
         native = measure(native_fn(chunk_kda, x))
         rows.add("fla chunk_kda", shape_of(x), native)
         rows.add("qed_chunk full, KDA gates", shape_of(x), measure(qed_fn(x)), native)
@@ -214,7 +204,7 @@ def graph_ms(fn) -> float:
 
 def decode_rows(rows: Rows, left):
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    x = gdn_inputs(DECODE["B"], 1, DECODE["H"], DECODE["HV"])
+    x = head_gate_inputs(DECODE["B"], 1, DECODE["H"], DECODE["HV"], HEAD_DIM, device=DEV)
     state = torch.zeros(DECODE["B"], DECODE["HV"], HEAD_DIM, HEAD_DIM, device=DEV)
     fla_fn = lambda: fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],  # noqa: E731
                                                         initial_state=state, output_final_state=True,
@@ -236,7 +226,7 @@ def parts_rows(rows: Rows, left, value_heads=(32,)):
         if left() < 20:
             P("budget: parts rows cut")
             return
-        x = gdn_inputs(B, T, QK_HEADS, HV)
+        x = head_gate_inputs(B, T, QK_HEADS, HV, HEAD_DIM, device=DEV)
         for name, fn in (("qed", qed_fn(x)), ("qed+probes", qed_fn(x, probes=True)), ("fla", native_fn(fla_op, x))):
             fn()  # compiled and autotuned before the profile
             for key, t_ms in kernel_ms(fn).items():

@@ -52,6 +52,8 @@ from triton.testing import do_bench
 from qedprobe.kernels.qed import ARMS
 from qedprobe.kernels.qed.chunk import qed_chunk
 
+from layer_inputs import per_channel_inputs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEV = "cuda"
 MAIN = dict(B=8, T=4096, H=16, HV=16, K=128, V=128)
@@ -64,18 +66,6 @@ GRAD_WRT = ("q", "k", "v", "g", "b", "w", "lam")
 
 def P(*a):
     print(*a, flush=True)
-
-
-def inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, seed=0):
-    """Random inputs: ``q, k`` ``[B, T, H, K]``, the rest per value head."""
-    torch.manual_seed(seed)
-    return dict(
-        q=torch.randn(B, T, H, K, device=DEV, dtype=dtype), k=torch.randn(B, T, H, K, device=DEV, dtype=dtype),
-        v=torch.randn(B, T, HV, V, device=DEV, dtype=dtype) * 0.5,
-        g=-torch.rand(B, T, HV, K, device=DEV, dtype=torch.float32) * 0.1,
-        b=torch.rand(B, T, HV, K, device=DEV, dtype=dtype), w=torch.rand(B, T, HV, V, device=DEV, dtype=dtype),
-        lam=0.1 * torch.ones(HV, device=DEV, dtype=torch.float32),
-        z=torch.nn.functional.normalize(torch.randn(HV, K, device=DEV), dim=-1))
 
 
 def shape_of(x) -> str:
@@ -145,7 +135,7 @@ class Rows:
 def order_check(rows: Rows, x, fresh_ms: float):
     """Forwards on smaller shapes, then the main shape again: its time relative to the fresh one."""
     for shape in SMALL:
-        small = inputs(**shape, seed=shape["T"])
+        small = per_channel_inputs(**shape, device=DEV, seed=shape["T"])
         qed_fn(small)()
         qed_fn(small, probes=True)()
     torch.cuda.synchronize()
@@ -158,7 +148,7 @@ def t_sweep(rows: Rows, fla: bool, left):
         if left() < 30:
             P("budget: T sweep cut")
             return
-        xn = inputs(max(1, SWEEP_TOKENS // T), T, MAIN["H"], MAIN["HV"], MAIN["K"], MAIN["V"])
+        xn = per_channel_inputs(max(1, SWEEP_TOKENS // T), T, MAIN["H"], MAIN["HV"], MAIN["K"], MAIN["V"], device=DEV)
         f_ms = rows.add("fla chunk_gdn2 fwd", shape_of(xn), ms(fla_fn(xn))) if fla else None
         rows.add("qed_chunk fwd (full)", shape_of(xn), ms(qed_fn(xn)), f_ms)
         rows.add("qed_chunk fwd (full) + probes", shape_of(xn), ms(qed_fn(xn, probes=True)), f_ms)
@@ -227,7 +217,7 @@ def main() -> int:
         except ImportError:
             P("fla not importable: rows without the reference")
     rows = Rows(a.json, a.commit)
-    x = inputs(**MAIN)
+    x = per_channel_inputs(**MAIN, device=DEV)
     main = shape_of(x)
 
     fla_fb, fla_ms = a.fla_fwd_bwd_ms, a.fla_ms
@@ -265,7 +255,7 @@ def main() -> int:
                 break
             rows.add(f"qed_chunk {arm}{' + probes' if probes else ''}", main, ms(qed_fn(x, arm, probes)), fla_ms)
     if left() > 20:
-        xg = inputs(**GROUPED)
+        xg = per_channel_inputs(**GROUPED, device=DEV)
         f_ms = rows.add("fla chunk_gdn2 fwd (grouped heads)", shape_of(xg), ms(fla_fn(xg))) if have_fla else None
         rows.add("qed_chunk fwd (full, grouped heads)", shape_of(xg), ms(qed_fn(xg)), f_ms)
         del xg

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
+SHARED_MODULES = ("registry.py", "run.py", "layer_inputs.py")
+"""The files of ``bench/`` that are not benchmarks: this registry, its runner and the inputs the
+benchmarks (and ``scripts/``'s launch screens) share."""
 
 
 @dataclass(frozen=True)

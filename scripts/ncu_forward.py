@@ -19,14 +19,15 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
-from kernel_times import MAIN, fla_fn, inputs, qed_fn  # noqa: E402
+from kernel_times import DEV, MAIN, fla_fn, qed_fn  # noqa: E402
+from layer_inputs import per_channel_inputs  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-fla", action="store_true", help="profile qed_chunk only")
     a = ap.parse_args()
-    x = inputs(**MAIN)
+    x = per_channel_inputs(**MAIN, device=DEV)
     runs = [qed_fn(x), qed_fn(x, probes=True)] + ([] if a.no_fla else [fla_fn(x)])
     for fn in runs:
         fn()

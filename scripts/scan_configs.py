@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -40,6 +42,9 @@ from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd, scalar_wy_fwd
 from qedprobe.kernels.qed.inputs import check_qed_inputs
 from qedprobe.kernels.qed.scalar_gram import scalar_gram_fwd
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from layer_inputs import head_gate_inputs, per_channel_inputs  # noqa: E402
+
 STATE_CONFIGS = [(bv, warps, stages) for bv in (32, 64) for warps in (4, 8) for stages in (1, 2)
                  if (bv, warps, stages) != (32, 4, 1)]
 """Every (BV, warps, stages) with the value blocks the rule can take but (32, 4, 1), which faults under
@@ -53,25 +58,6 @@ ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in 
 """(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``)."""
 SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 """(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
-
-
-def inputs(B, T, H, K, V, dev):
-    """The benchmark's inputs (``bench/kernel_times.py``): bf16 q, k, v, b, w, float32 ``g``, lam 0.1."""
-    torch.manual_seed(0)
-    bf = dict(device=dev, dtype=torch.bfloat16)
-    return (torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, V, **bf) * 0.5,
-            -torch.rand(B, T, H, K, device=dev) * 0.1, torch.rand(B, T, H, K, **bf), torch.rand(B, T, H, V, **bf),
-            0.1 * torch.ones(H, device=dev))
-
-
-def head_gate_inputs(B, T, H, HV, K, V, dev):
-    """A Qwen3.5 layer's recurrence inputs (``bench/hf_models.py``'s op rows): bf16 q, k ``[B, T, H, K]``,
-    v ``[B, T, HV, V]``, float32 log-decay and bf16 ``beta`` ``[B, T, HV]`` (``b = w = beta``), lam 0.1."""
-    torch.manual_seed(0)
-    bf = dict(device=dev, dtype=torch.bfloat16)
-    beta = torch.rand(B, T, HV, **bf)
-    return (torch.randn(B, T, H, K, **bf), torch.randn(B, T, H, K, **bf), torch.randn(B, T, HV, V, **bf) * 0.5,
-            -torch.rand(B, T, HV, device=dev) * 0.1, beta, beta, 0.1 * torch.ones(HV, device=dev))
 
 
 def fla_state_scan(gram, wy):
@@ -109,7 +95,8 @@ def state_rows(kernel: str, state, configs, rule, hs, r, P) -> list[dict]:
 def head_gate_rows(a, dev) -> list[dict]:
     """``--head-gates``: the scalar-gate path's state scan and output kernel under each configuration,
     each compared with the rule configuration's results, and fla's state scan."""
-    q, k, v, g, b, w, lam = head_gate_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, dev)
+    raw = head_gate_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, device=dev)
+    q, k, v, g, b, w, lam = (raw[n] for n in ("q", "k", "v", "g", "beta", "beta", "lam"))
     P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
                          initial_state=None, cu_seqlens=None)
     inter, prec = chunk_precision(P, q, k, v, b, w)
@@ -180,7 +167,8 @@ def main():
     if a.head_gates:
         write_rows(a, dev, head_gate_rows(a, dev))
         return
-    q, k, v, g, b, w, lam = inputs(a.B, a.T, a.H, a.K, a.V, dev)
+    x = per_channel_inputs(a.B, a.T, a.H, a.H, a.K, a.V, device=dev)
+    q, k, v, g, b, w, lam = (x[n] for n in ("q", "k", "v", "g", "b", "w", "lam"))
     P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
                          initial_state=None, cu_seqlens=None)
     inter, prec = chunk_precision(P, q, k, v, b, w)
