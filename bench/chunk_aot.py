@@ -21,6 +21,7 @@ import inspect
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -39,10 +40,12 @@ from qedprobe.kernels.qed.chunk_bwd_intra import (DG_BWD_BKS, DG_BWD_WARPS, SCOR
 from qedprobe.kernels.qed.chunk_bwd_prep import PREP_BWD_BKS, PREP_BWD_WARPS, qed_prep_bwd_kernel
 from qedprobe.kernels.qed.chunk_bwd_scan import STATE_BKP, STATE_BV, STATE_WARPS, qed_dstate_kernel
 from qedprobe.kernels.qed.chunk_common import BC, BT
-from forward_traffic import H200_SMS
 from qedprobe.kernels.qed import chunk_scan
 from qedprobe.kernels.qed.chunk_scan import (output_config, qed_output_kernel, qed_scalar_output_kernel, qed_state_kernel,
                                              scalar_output_config, state_config)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's modules, also under ``python -P``
+from forward_traffic import H200_SMS  # noqa: E402
 
 TGT = GPUTarget("cuda", 90, 32)
 FULL = {"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}  # arm "full"

@@ -60,7 +60,9 @@ from triton.testing import do_bench
 
 from qedprobe.kernels.qed import qed_chunk, qed_recurrent
 
-from layer_inputs import head_gate_inputs
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's modules, also under ``python -P``
+from kernel_times import kernel_ms  # noqa: E402
+from layer_inputs import head_gate_inputs  # noqa: E402
 
 DEV = "cuda"
 OP_SHAPES = [(1, 32768), (8, 4096)]
@@ -220,8 +222,6 @@ def decode_rows(rows: Rows, left):
 
 def parts_rows(rows: Rows, left, value_heads=(32,)):
     fla_op, label = native_gdn()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from kernel_times import kernel_ms
     for HV, (B, T) in itertools.product(value_heads, OP_SHAPES):
         if left() < 20:
             P("budget: parts rows cut")

@@ -52,9 +52,11 @@ from triton.testing import do_bench
 from qedprobe.kernels.qed import ARMS
 from qedprobe.kernels.qed.chunk import qed_chunk
 
-from layer_inputs import per_channel_inputs
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # this folder's modules, also under ``python -P``
+from layer_inputs import per_channel_inputs  # noqa: E402
+from recurrent_decode import bench_decode  # noqa: E402
+
 DEV = "cuda"
 MAIN = dict(B=8, T=4096, H=16, HV=16, K=128, V=128)
 GROUPED = dict(B=4, T=4096, H=16, HV=32, K=128, V=128)
@@ -178,8 +180,6 @@ def parts(rows: Rows, x, fla: bool):
 
 
 def decode(rows: Rows):
-    sys.path.insert(0, HERE)
-    from recurrent_decode import bench_decode
     r = bench_decode(16, 16, 128, 128, torch.bfloat16)
     for label, key, note in (("", "us", "(ref: fla fused_recurrent_gdn2)"),
                              (", CUDA graph", "graph_us", "(GPU time alone; ref: fla, same)"),

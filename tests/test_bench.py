@@ -1,6 +1,8 @@
 """bench/ holds registered benchmarks only, and its runner runs them (CPU smoke of the sweep benchmark);
 the forward traffic model's written bytes are those of the kernels' wrappers."""
+import ast
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +32,29 @@ def test_every_bench_script_is_registered():
     assert scripts == {b.script for b in registry.BENCHMARKS.values()}
     assert all(b.path.is_file() for b in registry.BENCHMARKS.values())
     assert not [p.name for p in BENCH.iterdir() if p.suffix not in (".py", "") and p.name != "__pycache__"]
+
+
+def sibling_imports(script: Path) -> set[str]:
+    """The modules of ``bench/`` that ``script`` imports by name (top level or inside functions)."""
+    siblings = {p.stem for p in BENCH.glob("*.py")}
+    names = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names & siblings
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py") if sibling_imports(p)))
+def test_bench_scripts_import_their_siblings_under_safe_path(script):
+    """A script that imports another module of bench/ puts bench/ on sys.path itself: the device
+    runs them as ``python3 -P bench/NAME.py`` (no script folder on the path) from another folder."""
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('m', sys.argv[1]); "
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))")
+    done = subprocess.run([sys.executable, "-P", "-c", code, str(BENCH / script)], cwd=BENCH.parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_decode_host_paths_time_both_wrappers_and_restore_the_launch():
