@@ -216,7 +216,8 @@ def test_state_scan_value_block_rule():
 
 def test_row_decay_state_scan_rule():
     """The scalar-gate scan takes the smallest value block whose programs fit one per SM (four stages
-    at 16, three above), and falls back to the per-channel rule when none fits."""
+    at 16, three above), value blocks of 64 three deep up to two waves, and falls back to the
+    per-channel rule beyond."""
     from qedprobe.kernels.qed.chunk_scan import state_config
     bf16 = torch.bfloat16
     rule = lambda scans: state_config(128, 128, bf16, scans=scans, sm_count=132, row_decay=True)  # noqa: E731
@@ -227,8 +228,10 @@ def test_row_decay_state_scan_rule():
     assert rule(34) == (64, 4, 3)       # 136 at 32, 68 at 64
     assert rule(64) == (64, 4, 3)       # 1 x 64 value heads: 128 programs at 64
     assert rule(66) == (64, 4, 3)
-    assert rule(67) == (64, 4, 2)       # 134 at 64: two deep, as the per-channel rule
-    assert rule(8 * 16) == (64, 4, 2)
+    assert rule(8 * 16) == (64, 4, 3)   # 8 x 16 value heads: 256 programs at 64, two waves
+    assert rule(132) == (64, 4, 3)      # 264: the last two waves
+    assert rule(133) == (64, 4, 2)      # 266 at 64: two deep, as the per-channel rule
+    assert rule(8 * 32) == (64, 4, 2)
     assert state_config(128, 128, bf16, row_decay=True) == (64, 4, 2)  # GPU unknown
     assert state_config(128, 128, torch.float32, scans=2, sm_count=132, row_decay=True) == (64, 8, 1)
 

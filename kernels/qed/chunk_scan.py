@@ -191,15 +191,17 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     The scalar-gate path's scan (``row_decay``) takes the smallest value block (16, 32, else 64)
     whose programs fit one per SM (``scans * cdiv(V, BV) <= sm_count``), pipelined four deep at 16
     and three deep above (the stages leave room for one program per SM): on an H100 much faster
-    than two deep at twice the programs (docs/BENCHMARKS.md).
+    than two deep at twice the programs. Value blocks of 64 stay three deep up to two waves of
+    programs (eight sequences of 16 value heads: 256 programs), where one program per SM three deep
+    still beats two per SM two deep (docs/BENCHMARKS.md).
     """
     BK = triton.next_power_of_2(K)
     BV = 64 if (BK <= 128 and inter_dtype != torch.float64) else 32
     pipelined = inter_dtype == torch.bfloat16 and BK <= 128
     known = scans is not None and sm_count is not None
     if pipelined and row_decay and known:
-        for bv, stages in ((16, 4), (32, 3), (64, 3)):
-            if scans * triton.cdiv(V, bv) <= sm_count:
+        for bv, stages, waves in ((16, 4, 1), (32, 3, 1), (64, 3, 2)):
+            if scans * triton.cdiv(V, bv) <= waves * sm_count:
                 return min(bv, triton.next_power_of_2(V)), 4, stages
     if pipelined and known and scans * triton.cdiv(V, 32) <= STATE_PROGRAMS_PER_SM * sm_count:
         BV = 32
