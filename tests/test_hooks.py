@@ -125,3 +125,25 @@ def test_has_hook_reads_what_hook_point_has_hooks_reads():
     assert ours() == lens() == (True, True)
     hp.remove_hooks(dir="both", including_permanent=True)
     assert ours() == lens() == (False, False)
+
+
+def test_recurrence_points_are_its_registered_hook_points():
+    """``HookedRecurrence.recur`` reads its hook points from a plain tuple (``RecurrencePoints``):
+    each field is the submodule ``hook_<name>`` (``lam``: ``hook_lambda``) that TransformerLens
+    names and hooks, in firing order, and a hook added by name reaches the op's probe request."""
+    from transformer_lens.hook_points import HookPoint
+
+    from qedprobe.model.recurrence import HookedRecurrence, RecurrencePoints
+    rec = HookedRecurrence()
+    points = rec.hook_points()
+    assert isinstance(points, RecurrencePoints)
+    registered = {name: m for name, m in rec.named_children() if isinstance(m, HookPoint)}
+    assert len(registered) == len(points)
+    for field, hp in zip(points._fields, points):
+        assert registered["hook_lambda" if field == "lam" else f"hook_{field}"] is hp
+    q, k = torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
+    v, g, b = torch.randn(1, 5, 2, 3), -torch.rand(1, 5, 2), torch.rand(1, 5, 2)
+    seen = []
+    rec.hook_e.add_hook(lambda x, hook: seen.append(x.shape))
+    rec.recur(q, k, v, g, b, b, torch.full((2,), 0.1), arm="full", mode="naive")
+    assert seen == [torch.Size([1, 5, 2])]

@@ -40,6 +40,8 @@ attach one hook twice.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 from transformer_lens.hook_points import HookPoint
@@ -56,6 +58,24 @@ def _gate_through(hook: HookPoint, x: torch.Tensor, width: int) -> torch.Tensor:
     if x.dim() == 3:
         return through(hook, x, tuple(x.shape), (*x.shape, width))
     return through(hook, x)
+
+
+class RecurrencePoints(NamedTuple):
+    """The hook points of one recurrence by name, in the order they fire. :meth:`HookedRecurrence.recur`
+    reads them from this plain tuple rather than as submodules: ``nn.Module.__getattr__`` costs about
+    a microsecond a lookup, and a decode step makes a dozen per layer."""
+    q: HookPoint
+    k: HookPoint
+    v: HookPoint
+    b: HookPoint
+    w: HookPoint
+    g: HookPoint
+    lam: HookPoint
+    d: HookPoint
+    rho: HookPoint
+    Sd: HookPoint
+    e: HookPoint
+    o: HookPoint
 
 
 class HookedRecurrence(nn.Module):
@@ -77,38 +97,41 @@ class HookedRecurrence(nn.Module):
         self.hook_rho = HookPoint()  # [B, T, H] q_hat . k_hat
         self.hook_Sd = HookPoint()  # [B, T, H, V] S_bar^T d (mixed case: the probe's name "Sd")
         self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
-        self._hook_points = (self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w, self.hook_g,
-                             self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd, self.hook_e, self.hook_o)
+        self._points = RecurrencePoints(self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w,
+                                        self.hook_g, self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd,
+                                        self.hook_e, self.hook_o)
         # The read-only probe hook points by probe name (the op's ``probes`` keys).
         self._probe_points = (("rho", self.hook_rho), ("Sd", self.hook_Sd), ("e", self.hook_e))
 
     def hook_points(self) -> tuple[HookPoint, ...]:
         """Every hook point of the recurrence, inputs first, in the order they fire."""
-        return self._hook_points
+        return self._points
 
     def is_hooked(self) -> bool:
         """Whether any hook point of the recurrence has a hook (forward or backward): a host-side
         check of the hook points' hook lists, no device work."""
-        return any(has_hook(hook) for hook in self._hook_points)
+        return any(has_hook(hook) for hook in self._points)
 
     def _query_key(self, q: torch.Tensor, k: torch.Tensor, group_size: int) -> tuple:
         """q and k through their hooks, one copy per value head (``[B, T, Hk, K]`` ->
         ``[B, T, Hk * group_size, K]``); grouped heads stay grouped while ``hook_q``, ``hook_k``
         and ``hook_d`` have no hook (the op reads head ``j // m`` itself)."""
+        hp = self._points
         if group_size > 1:
-            if not any(has_hook(h, forward_only=True) for h in (self.hook_q, self.hook_k, self.hook_d)):
+            if not any(has_hook(h, forward_only=True) for h in (hp.q, hp.k, hp.d)):
                 return q, k
             q, k = q.repeat_interleave(group_size, dim=2), k.repeat_interleave(group_size, dim=2)
-        return through(self.hook_q, q), through(self.hook_k, k)
+        return through(hp.q, q), through(hp.k, k)
 
     def _direction(self, q, k, b, arm: str, z) -> torch.Tensor | None:
         """``hook_d`` on the arm's direction from ``q_hat``, ``k_hat``, ``b`` (per value head,
         float32 or wider), or None (the op builds it) when ``hook_d`` has no hook."""
-        if not has_hook(self.hook_d, forward_only=True):
+        hook_d = self._points.d
+        if not has_hook(hook_d, forward_only=True):
             return None
         ct = torch.promote_types(q.dtype, torch.float32)
         b = b if b.dim() == 4 else b.unsqueeze(-1)
-        return through(self.hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
+        return through(hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
                                                     b.to(ct), arm, z))
 
     def recur(self, q, k, v, g, b, w, lam, *, arm: str, z=None, mode: str = "auto", group_size: int = 1,
@@ -122,17 +145,18 @@ class HookedRecurrence(nn.Module):
         ``inplace_final_state``) go to ``qedprobe.ops.qed_attention`` unchanged.
         """
         B, T, H, V = v.shape
+        hp = self._points
         q, k = self._query_key(q, k, group_size)
-        v = through(self.hook_v, v)
+        v = through(hp.v, v)
         K = q.shape[-1]
-        b = _gate_through(self.hook_b, b, K)
-        w = _gate_through(self.hook_w, w, V)
-        g = _gate_through(self.hook_g, g, K)
-        lam = through(self.hook_lambda, lam, (H,), (B, T, H))
+        b = _gate_through(hp.b, b, K)
+        w = _gate_through(hp.w, w, V)
+        g = _gate_through(hp.g, g, K)
+        lam = through(hp.lam, lam, (H,), (B, T, H))
         d = self._direction(q, k, b, arm, z)
         hooked = {name: hook for name, hook in self._probe_points if has_hook(hook, forward_only=True)}
         o, state, probes = qed_attention(q, k, v, g, b, w, lam, mode=mode, arm=arm, z=z, d=d,
                                          return_probes=tuple(hooked), use_qk_l2norm=use_qk_l2norm, **op_kwargs)
         for name, hook in hooked.items():
             observe(hook, probes[name])
-        return through(self.hook_o, o), state
+        return through(hp.o, o), state
