@@ -2,6 +2,7 @@
 the forward traffic model's written bytes are those of the kernels' wrappers."""
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,25 @@ def test_forward_traffic_joins_measured_kernel_times():
     got = {r.split(" | ")[0][2:]: r.split(" | ")[1:4] for r in forward_traffic.measured("t", fla, rows, "fla")[2:]}
     assert got["l2norm_fwd_kernel"] == [f"{mb(fla[0], fla[1]):,.0f}", "0.100", f"{mb(fla[0], fla[1]) / 0.1:,.0f}"]
     assert got[intra][1] == "0.250"
+
+
+@pytest.mark.parametrize("mode", ["--head-gates", "--per-channel"])
+def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
+    """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
+    the state scan and the output kernel gives the rule configuration's results exactly, each
+    kernel (and probe setting) has its rule row, and the scalar-gate screen covers value blocks of
+    16, 32, 64 at two to four stages."""
+    out = tmp_path / "screen.json"
+    args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
+    args += ["--head-gates", "--HV", "2"] if mode == "--head-gates" else []
+    done = subprocess.run([sys.executable, str(BENCH.parent / "scripts" / "scan_configs.py"), *args],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["max_diff"] == 0.0 for r in rows if "max_diff" in r)
+    kinds = {(r["kernel"], r.get("probes")) for r in rows if "max_diff" in r}
+    assert all(sum(r["rule"] for r in rows if (r["kernel"], r.get("probes")) == kind) >= 1 for kind in kinds)
+    if mode == "--head-gates":
+        state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == "qed_state_kernel (decay per row)"}
+        assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
+        assert {r.get("probes") for r in rows if r["kernel"] == "qed_scalar_output_kernel"} == {False, True}
