@@ -34,7 +34,8 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
   alternated as above; printed to the log, the host synchronisations one run of each makes and
   the lines that waited (torch's sync debug mode) and a torch.profiler table of the native and
-  the injected, hooked steps (by CUDA time and by CPU time): where a hooked decode step's time goes.
+  the injected, hooked steps (a step's kernel launches, aten ops and op CPU time; the top ops by
+  CUDA time and by CPU time): where a hooked decode step's time goes.
 
 Rows ``name, shape, ms, native_ms, ratio, peak_gb, native_peak_gb`` plus ``device, date,
 commit`` go to ``--json`` (default ``$OUT/hf_models.json`` when ``$OUT`` is set, else
@@ -387,11 +388,29 @@ def decode_rows_of(rows: Rows, label: str, shape: str, ms: dict[str, float]) -> 
         rows.add(f"{label} ({name})", shape, (ms[name], None), None if name == "native" else native)
 
 
-def profile_table(run, label: str) -> None:
-    """Print the top ops of one ``run`` by self CUDA time and by CPU time (the log, not the rows)."""
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")
+"""The profiler's names of the CUDA runtime / driver calls that launch a kernel (torch's own, Triton's)."""
+
+
+def step_counts(averages, steps: int) -> dict[str, float]:
+    """``{"launches", "aten_ops", "op_cpu_ms"}`` per step from a profile's ``key_averages()`` over
+    ``steps`` steps: kernel launches, aten ops, and the CPU time the profiler attributes to ops. A
+    launch-bound step that makes the same launches and spends no more op CPU time than another,
+    yet takes longer, spends the difference in Python outside torch's ops."""
+    return dict(launches=sum(e.count for e in averages if e.key in KERNEL_LAUNCHES) / steps,
+                aten_ops=sum(e.count for e in averages if e.key.startswith("aten::")) / steps,
+                op_cpu_ms=sum(e.self_cpu_time_total for e in averages) / 1e3 / steps)
+
+
+def profile_table(run, label: str, steps: int) -> None:
+    """Print :func:`step_counts` and the top ops of one ``run`` (``steps`` decode steps) by self
+    CUDA time and by CPU time (the log, not the rows)."""
     from torch.profiler import ProfilerActivity, profile
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     run(prof)
+    counts = step_counts(prof.key_averages(), steps)
+    P(f"--- {label}: a step makes {counts['launches']:.0f} kernel launches and {counts['aten_ops']:.0f} aten ops, "
+      f"{counts['op_cpu_ms']:.2f} ms of op CPU time under the profiler")
     for key in ("self_cuda_time_total", "cpu_time_total"):
         P(f"--- {label}: top ops by {key}")
         P(prof.key_averages().table(sort_by=key, row_limit=10, max_name_column_width=60))
@@ -453,7 +472,7 @@ def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER
                     waits = host_synchronisations(run)
                     P(f"host synchronisations in one run, {name}, {HV} value heads: {sum(waits.values())}, "
                       f"at {waits.most_common(5)}")
-                    profile_table(run, f"{name}, {HV} value heads")
+                    profile_table(run, f"{name}, {HV} value heads", GENERATE["steps"])
             del model
         torch.cuda.empty_cache()
 

@@ -83,6 +83,26 @@ def test_hf_layer_host_paths_time_the_hooked_layer_and_the_native_function():
     assert 0 < got["qed_hf_layer_host_us"] < 2000 and 0 < got["fla_gdn_host_us"] < 2000
 
 
+def test_step_counts_read_launches_aten_ops_and_op_time_per_step():
+    """``step_counts`` on a real CPU profile (two steps of three aten ops each) and on the launch
+    events a CUDA profile adds (torch's ``cudaLaunchKernel``, Triton's ``cuLaunchKernelEx``)."""
+    from types import SimpleNamespace
+
+    from torch.profiler import ProfilerActivity, profile
+    x, y = torch.ones(4), torch.ones(4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):  # tensor operands: a Python scalar would add its own aten::to copies
+            torch.add(x, y), torch.mul(x, y), torch.mul(y, x)
+    averages = list(prof.key_averages())
+    counts = hf_models.step_counts(averages, steps=2)
+    assert counts["aten_ops"] == 3 and counts["launches"] == 0
+    assert counts["op_cpu_ms"] > 0
+    assert counts["op_cpu_ms"] == pytest.approx(sum(e.self_cpu_time_total for e in averages) / 2e3)
+    launches = [SimpleNamespace(key=k, count=n, self_cpu_time_total=0.0)
+                for k, n in (("cudaLaunchKernel", 10), ("cuLaunchKernelEx", 4), ("cudaMemcpyAsync", 6))]
+    assert hf_models.step_counts(averages + launches, steps=2)["launches"] == 7
+
+
 def test_host_synchronisations_count_the_lines_that_waited(monkeypatch):
     """``hf_models.host_synchronisations``: the warnings torch's sync debug mode raises, counted by
     the Python line that raised them (other warnings left out), the mode restored after."""
