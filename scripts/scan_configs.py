@@ -92,15 +92,21 @@ def state_rows(kernel: str, state, configs, rule, hs, r, P) -> list[dict]:
     return rows
 
 
+def screened_problem(q, k, v, g, b, w, lam, dev) -> tuple:
+    """``(P, inter, lay)`` of the screen's call (arm full, no varlen): the validated problem, the
+    intra buffers' dtype and the chunk layout, as ``qed_chunk`` derives them."""
+    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
+                         initial_state=None, cu_seqlens=None)
+    inter, prec = chunk_precision(P, q, k, v, b, w)
+    return P, inter, chunk_layout(P, None, dev, prec)
+
+
 def head_gate_rows(a, dev) -> list[dict]:
     """``--head-gates``: the scalar-gate path's state scan and output kernel under each configuration,
     each compared with the rule configuration's results, and fla's state scan."""
     raw = head_gate_inputs(a.B, a.T, a.H, a.HV, a.K, a.V, device=dev)
     q, k, v, g, b, w, lam = (raw[n] for n in ("q", "k", "v", "g", "beta", "beta", "lam"))
-    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
-                         initial_state=None, cu_seqlens=None)
-    inter, prec = chunk_precision(P, q, k, v, b, w)
-    lay = chunk_layout(P, None, dev, prec)
+    P, inter, lay = screened_problem(q, k, v, g, b, w, lam, dev)
     x = direction_inputs(P, q, k, b, lam, "full", None, None, True)
     gram, akk = scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=True)
     wy = scalar_wy_fwd(x, gram, v, w, chunk_inverse_fwd(akk, lay=lay, out_dtype=inter), lay=lay)
@@ -169,10 +175,7 @@ def main():
         return
     x = per_channel_inputs(a.B, a.T, a.H, a.H, a.K, a.V, device=dev)
     q, k, v, g, b, w, lam = (x[n] for n in ("q", "k", "v", "g", "b", "w", "lam"))
-    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
-                         initial_state=None, cu_seqlens=None)
-    inter, prec = chunk_precision(P, q, k, v, b, w)
-    lay = chunk_layout(P, None, dev, prec)
+    P, inter, lay = screened_problem(q, k, v, g, b, w, lam, dev)
     intra = chunk_intra_fwd(direction_inputs(P, q, k, b, lam, "full", None, None, True), v, w, g, scale=P.scale,
                             lay=lay, inter=inter, probes=True)
     hs, r = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter), torch.empty_like(intra.wy.u)

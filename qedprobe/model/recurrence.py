@@ -132,7 +132,7 @@ class HookedRecurrence(nn.Module):
         ct = torch.promote_types(q.dtype, torch.float32)
         b = b if b.dim() == 4 else b.unsqueeze(-1)
         return through(hook_d, erase_direction(l2_normalize(q.to(ct)), l2_normalize(k.to(ct)),
-                                                    b.to(ct), arm, z))
+                                               b.to(ct), arm, z))
 
     def recur(self, q, k, v, g, b, w, lam, *, arm: str, z=None, mode: str = "auto", group_size: int = 1,
               use_qk_l2norm: bool = True, **op_kwargs):
