@@ -8,10 +8,12 @@ otherwise call fla's kernels. An adapted layer with nothing hooked and lambda 0 
 function (free when off: bit-equal); with a hook (``OP_PATH``) or lambda injected it runs
 qedprobe's op (on CPU: the PyTorch chunk path for prompts, the token loop for decode steps), a
 different algorithm, equal to float32 rounding. The GPU tests (``-k gpu``, skipped without CUDA)
-check the Triton path at T = 4096 and a device_map over cuda:0 and the CPU.
+check the Triton path at T = 4096, a device_map over cuda:0 and the CPU, and that an injected,
+hooked model never waits for the GPU in qedprobe's code.
 """
 import importlib
 import os
+import warnings
 
 import pytest
 import torch
@@ -482,6 +484,30 @@ def test_gpu_lambda_zero_matches_transformers_at_4096_tokens(family):
     agree = next((i for i, (a, b) in enumerate(zip(paths["default"][2], ref_tokens)) if a != b), NEW)
     assert paths["ours"][2][:agree] == ref_tokens[:agree]
     assert torch.equal(model(ids), hf(ids, use_cache=False).logits)  # free when off: the default path itself
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: host synchronisations are CUDA's")
+@torch.no_grad()
+def test_gpu_injected_hooked_model_never_waits_for_the_gpu_in_qedprobe():
+    """Adapted and injected on cuda:0 with ``hook_e`` and ``hook_Sd`` hooked: the recurrences'
+    buffers are on the GPU from adaptation, and a prefill with a cache and two decode steps make no
+    host synchronisation in qedprobe's code (torch's sync debug mode; a wait per layer stalls a
+    launch-bound decode step)."""
+    model = inject_qed(adapt(tiny_hf("qwen3_5").cuda()), 0.1)
+    assert {model.recurrence(l).lam.device.type for l in model.mixer_layers} == {"cuda"}
+    ids = hf_ids(t=64).cuda()
+    hooked = [(lambda name: name.endswith(("hook_e", "hook_Sd")), lambda act, hook: None)]
+    with model.hooks(fwd_hooks=hooked), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = model.hf_model(ids, use_cache=True)
+            for _ in range(2):
+                out = model.hf_model(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values, use_cache=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()]
+    assert not [w for w in waits if "qedprobe" in w], waits
 
 
 @torch.no_grad()

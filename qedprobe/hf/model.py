@@ -58,6 +58,14 @@ def _deltanets(hf_model, cfg: HFQEDConfig) -> dict:
     return found
 
 
+def _weights_device(module: nn.Module) -> torch.device | None:
+    """The device of ``module``'s first parameter (None without one, or on the meta device of an
+    offloaded module): where its recurrence's buffers are put at adaptation, so that the first
+    call does not copy them from the host, a wait per layer."""
+    weight = next(module.parameters(), None)
+    return None if weight is None or weight.is_meta else weight.device
+
+
 class HFQEDModel(HookedModel):
     """A transformers model of a supported family (see :data:`qedprobe.hf.SUPPORTED`), adapted.
 
@@ -83,6 +91,10 @@ class HFQEDModel(HookedModel):
         self.blocks = nn.ModuleDict({
             str(l): nn.ModuleDict({"linear_attn": LinearAttnRecurrence(self.cfg, l, self.lambda_scale)})
             for l in self.cfg.linear_layers})
+        for l, mod in layers.items():
+            device = _weights_device(mod)
+            if device is not None:
+                self.recurrence(l).follow(device)
         route.install(modeling_module_name(self.cfg.model_type), routed_functions(self.cfg.model_type))
         self._handles = [h for l, mod in layers.items() for h in route.attach(mod, self.recurrence(l))]
         setattr(hf_model, _ADAPTED, True)
