@@ -15,7 +15,9 @@ reads query/key head ``j // (HV // H)``. Probes (only when asked): ``rho = q_hat
 One program holds the full key axis and a ``BV``-wide slice of the value axis of one
 (sequence, value head) state in registers and walks its tokens; grid ``(N * HV, cdiv(V, BV))``.
 The arm enters as the compile-time flags of ``arms.direction_flags``; absent inputs and outputs
-are ``None`` and their switches are derived from that by ``@triton.heuristics``.
+are ``None``, and :func:`recurrent_fwd` passes their switches (and the gate and lambda layouts,
+read from the validated problem) as plain arguments: a ``@triton.heuristics`` wrapper would
+rebuild a dict of every argument for each switch at every launch.
 Per token: one fused reduction for all dot products over K, then the two independent reads
 ``S_bar^T a`` and ``S_bar^T q`` (``o_t = S_bar^T q + (k.q) r_t``); the next token's inputs are
 loaded while this one computes. ``scale`` is compiled in (exact for float64), so each new
@@ -65,19 +67,6 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
 
-@triton.heuristics({
-    "USE_INITIAL_STATE": lambda args: args["h0"] is not None,
-    "STORE_FINAL_STATE": lambda args: args["ht"] is not None,
-    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
-    "STORE_RHO": lambda args: args["rho_out"] is not None,
-    "STORE_D": lambda args: args["d_out"] is not None,
-    "STORE_SD": lambda args: args["sd_out"] is not None,
-    "STORE_E": lambda args: args["e_out"] is not None,
-    "LAM_PER_TOKEN": lambda args: args["lam"].dim() == 3,
-    "G_HEAD": lambda args: args["g"].dim() == 3,
-    "B_HEAD": lambda args: args["b"].dim() == 3,
-    "W_HEAD": lambda args: args["w"].dim() == 3,
-})
 @triton.jit(do_not_specialize=["T"])
 def qed_recurrent_kernel(
     q, k, v, g, b, w, lam, z, d, o, h0, ht, cu_seqlens,
@@ -271,7 +260,10 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
         rho_out=probes.get("rho"), d_out=probes.get("d"), sd_out=probes.get("Sd"), e_out=probes.get("e"),
         T=T, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=BK, BV=BV,
         **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
-        DT=tl.float64 if ct == torch.float64 else tl.float32, num_warps=num_warps,
+        DT=tl.float64 if ct == torch.float64 else tl.float32, LAM_PER_TOKEN=P.lam_per_token,
+        USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
+        IS_VARLEN=cu_seqlens is not None, STORE_RHO="rho" in probes, STORE_D="d" in probes, STORE_SD="Sd" in probes,
+        STORE_E="e" in probes, G_HEAD=P.head_g, B_HEAD=P.head_b, W_HEAD=P.head_w, num_warps=num_warps,
     )
     return o, final_state, selected_probes(probes, want)
 
