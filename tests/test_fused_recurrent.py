@@ -232,6 +232,38 @@ def test_bad_input_is_refused_by_name():
         qed_recurrent(*big.values())
 
 
+def test_equal_calls_share_one_problem_and_a_changed_call_is_checked_afresh():
+    """``check_qed_inputs`` hands calls of equal sizes and options one cached ``QEDProblem``; a
+    changed shape, dtype or lambda layout gets its own, and after a good call was cached a bad
+    argument (shape, dtype, float64 mixed with float32, device) is still refused by name."""
+    from qedprobe.kernels.qed.inputs import check_qed_inputs
+
+    def check(x, initial_state=None):
+        return check_qed_inputs("op", *op_args(x), arm="full", z=None, d=None, scale=None,
+                                initial_state=initial_state, cu_seqlens=None)
+
+    x = recurrent_inputs(T=1, K=8, V=8)
+    first = check(x)
+    assert check(recurrent_inputs(T=1, K=8, V=8, seed=5)) is first
+    longer = check(recurrent_inputs(T=3, K=8, V=8))
+    assert (longer.T, first.T) == (3, 1)
+    narrow = check({n: t.float() for n, t in x.items()})
+    assert (narrow.compute_dtype, first.compute_dtype) == (torch.float32, F64)
+    per_token = check({**x, "lam": x["lam"].expand(2, 1, 2).clone()})
+    assert per_token.lam_per_token and not first.lam_per_token
+    with pytest.raises(ValueError, match=r"op: `k` must have shape"):
+        check({**x, "k": x["k"][:, :, :, :4]})
+    with pytest.raises(ValueError, match=r"op: `g` must be float16, bfloat16, float32 or float64"):
+        check({**x, "g": x["g"].int()})
+    with pytest.raises(ValueError, match=r"op: `q` is torch.float32 but \['k', 'v'"):
+        check({**x, "q": x["q"].float()})
+    with pytest.raises(ValueError, match=r"op: `b` is on meta but `q` is on cpu"):
+        check({**x, "b": x["b"].to("meta")})
+    with pytest.raises(ValueError, match=r"op: `initial_state` must have shape"):
+        check(x, initial_state=random_state(2, 2, 8, 4, seed=1))
+    assert check(x) is first
+
+
 # --- on a GPU: long sequences, the float32/bf16 path, and fla's kernel ------------------------
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA; the interpreter tests above cover CPU")

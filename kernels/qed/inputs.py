@@ -37,6 +37,7 @@ longer than the chunk algorithm's within-chunk inverse. A model's ``lambda`` is 
 ``lambda_max = 0.25``, so strengths ``|s| <= 4`` stay within the bound."""
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPE_SET = frozenset(FLOAT_DTYPES)
 
 QEDOutput = tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]
 """What every QED op returns: ``(o, final_state, probes)``, ``None`` for what was not asked."""
@@ -55,10 +56,11 @@ def probe_request(op: str, return_probes) -> tuple[str, ...]:
     if not isinstance(return_probes, (tuple, list, set, frozenset)) or not all(isinstance(n, str) for n in return_probes):
         raise ValueError(f"{op}: `return_probes` must be a bool or a collection of probe names from "
                          f"{PROBE_NAMES}, got {return_probes!r}")
-    unknown = sorted(set(return_probes) - set(PROBE_NAMES))
-    if unknown:
-        raise ValueError(f"{op}: `return_probes` names unknown probes {unknown}; expected names from {PROBE_NAMES}")
-    return tuple(n for n in PROBE_NAMES if n in set(return_probes))
+    asked = set(return_probes)
+    if not asked.issubset(PROBE_NAMES):
+        raise ValueError(f"{op}: `return_probes` names unknown probes {sorted(asked.difference(PROBE_NAMES))}; "
+                         f"expected names from {PROBE_NAMES}")
+    return tuple(n for n in PROBE_NAMES if n in asked)
 
 
 def selected_probes(every: dict, want: tuple[str, ...]) -> dict | None:
@@ -182,8 +184,17 @@ def check_qed_inputs(op, q, k, v, g, b, w, lam, *, arm, z, d, scale, initial_sta
         raise ValueError(f"{op}: `scale` must be a positive finite float or None (= K ** -0.5), got {scale!r}")
     if value_checks_enabled():
         _check_values(op, tensors if initial_state is None else {**tensors, "initial_state": initial_state})
-    return QEDProblem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, scale=float(scale), lam_per_token=lam.dim() == 3,
-                      compute_dtype=compute_dtype, offsets=offsets, head_g=head_g, head_b=head_b, head_w=head_w)
+    return shared_problem(B, T, H, HV, K, V, N, float(scale), lam.dim() == 3, compute_dtype, offsets,
+                          head_g, head_b, head_w)
+
+
+@functools.lru_cache(maxsize=256)
+def shared_problem(*fields) -> QEDProblem:
+    """The :class:`QEDProblem` of ``fields`` (all of them, in field order), one object per distinct
+    value: a problem is immutable, so the calls of a decode loop, which validate the same sizes at
+    every step, share one instead of each building a frozen dataclass (a guarded attribute write
+    per field)."""
+    return QEDProblem(*fields)
 
 
 def _dims(op: str, q, v) -> tuple[int, int, int, int, int, int]:
@@ -226,13 +237,17 @@ def _arm_tensors(op: str, arm, z, d, B: int, T: int, HV: int, K: int) -> dict:
 
 def _compute_dtype(op: str, tensors: dict) -> torch.dtype:
     """float64 when every input is float64, else float32 (float64 mixed with lower precision is
-    refused); every input a float tensor on ``q``'s device."""
-    for name, x in tensors.items():
-        _float(name, x, op)
-    wide = [n for n, x in tensors.items() if x.dtype == torch.float64]
-    if wide and len(wide) != len(tensors):
+    refused); every input a float tensor on ``q``'s device. One pass over the inputs' dtypes and
+    devices: a decode step checks them at every layer."""
+    dtypes = [x.dtype for x in tensors.values()]
+    if not FLOAT_DTYPE_SET.issuperset(dtypes):
+        for name, x in tensors.items():
+            _float(name, x, op)
+    wide = dtypes.count(torch.float64)
+    if wide and wide != len(dtypes):
         name = next(n for n, x in tensors.items() if x.dtype != torch.float64)
-        raise ValueError(f"{op}: `{name}` is {tensors[name].dtype} but {wide} are float64; "
+        raise ValueError(f"{op}: `{name}` is {tensors[name].dtype} but "
+                         f"{[n for n, x in tensors.items() if x.dtype == torch.float64]} are float64; "
                          "float64 inputs cannot be mixed with lower precision")
     device = tensors["q"].device
     for name, x in tensors.items():

@@ -100,10 +100,11 @@ class LinearAttnRecurrence(HookedRecurrence):
     def lam_now(self, phase: str) -> torch.Tensor:
         """``[Hv]`` float32: the injected lambda times the active strength factors of ``phase``
         (on the layer's device, where each factor was copied once: no per-call copy or wait)."""
-        scales = self.lambda_scale().for_phase(phase, self.lam.device)
+        lam = self.lam  # a buffer: each read is an nn.Module attribute lookup
+        scales = self.lambda_scale().for_phase(phase, lam.device)
         if scales is None:
-            return self.lam
-        return self.lam * scales[self.layer_idx]
+            return lam
+        return lam * scales[self.layer_idx]
 
     def recurrence(self, query, key, value, g, beta, *, phase: str, initial_state=None,
                    output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
