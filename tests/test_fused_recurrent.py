@@ -189,6 +189,31 @@ def test_non_contiguous_inputs():
     assert_outputs_close(*both(x, output_final_state=True), **TIGHT)
 
 
+@pytest.mark.parametrize("B,T", [(2, 1), (2, 3), (1, 4)])
+def test_split_projection_views_are_read_in_place(B, T):
+    """q, k, v as transformers hands them, views of one ``[B, T, (2 H + HV) K]`` projection split
+    along its last axis: read at their token stride without a copy, with the very result of
+    contiguous copies (also varlen, ``B = 1``); any other layout is copied first."""
+    from qedprobe.kernels.qed.fused_recurrent import token_rows
+    H, HV, K = 2, 4, 8
+    x = recurrent_inputs(B=B, T=T, H=HV, K=K, V=K, seed=21)
+    qkv = torch.randn(B, T, (2 * H + HV) * K, dtype=F64, generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    q, k, v = (y.view(B, T, -1, K) for y in torch.split(qkv, [H * K, H * K, HV * K], dim=-1))
+    assert token_rows(q) == (q, (2 * H + HV) * K) and not q.is_contiguous()
+    cu_seqlens = torch.tensor([0, 1, T]) if B == 1 else None
+    N = B if cu_seqlens is None else 2
+    kw = dict(initial_state=random_state(N, HV, K, K, seed=23), output_final_state=True, return_probes=True,
+              cu_seqlens=cu_seqlens)
+    gates = [x[n] for n in ("g", "b", "w", "lam")]
+    got = qed_recurrent(q, k, v, *gates, **kw)
+    ref = qed_recurrent(q.contiguous(), k.contiguous(), v.contiguous(), *gates, **kw)
+    assert_outputs_close(got, ref, rtol=0, atol=0)
+    assert got[0].is_contiguous()
+    heads_apart = q.transpose(1, 2).contiguous().transpose(1, 2)
+    copy, stride = token_rows(heads_apart)
+    assert copy.is_contiguous() and stride == H * K and torch.equal(copy, q)
+
+
 # --- lower precision in the interpreter: float32 state against the float64 reference -----------
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])

@@ -51,15 +51,16 @@ def _gate_vector(ptr, t, i_hv, HV, N, o, mask, HEAD: tl.constexpr):
 
 
 @triton.jit
-def _token_inputs(q, k, g, b, w, v, t, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v, G_HEAD: tl.constexpr,
-                  B_HEAD: tl.constexpr, W_HEAD: tl.constexpr):
+def _token_inputs(q, k, g, b, w, v, t, i_h, i_hv, HV, K, V, sq, sk, sv, o_k, o_v, mask_k, mask_v,
+                  G_HEAD: tl.constexpr, B_HEAD: tl.constexpr, W_HEAD: tl.constexpr):
     """The raw ``q, k`` (query/key head ``i_h``), ``g, b`` (K) and ``w, v`` (V) vectors (value
-    head ``i_hv``) of token ``t``; a per-head gate is its one scalar broadcast."""
-    i_qk = (t * H + i_h) * K + o_k
-    i_tv = (t * HV + i_hv) * V + o_v
-    return (tl.load(q + i_qk, mask=mask_k, other=0), tl.load(k + i_qk, mask=mask_k, other=0),
+    head ``i_hv``) of token ``t``; a per-head gate is its one scalar broadcast. ``sq, sk, sv``:
+    the token strides of ``q, k, v`` (their heads contiguous within a token)."""
+    i_k = i_h * K + o_k
+    return (tl.load(q + t * sq + i_k, mask=mask_k, other=0), tl.load(k + t * sk + i_k, mask=mask_k, other=0),
             _gate_vector(g, t, i_hv, HV, K, o_k, mask_k, G_HEAD), _gate_vector(b, t, i_hv, HV, K, o_k, mask_k, B_HEAD),
-            _gate_vector(w, t, i_hv, HV, V, o_v, mask_v, W_HEAD), tl.load(v + i_tv, mask=mask_v, other=0))
+            _gate_vector(w, t, i_hv, HV, V, o_v, mask_v, W_HEAD),
+            tl.load(v + t * sv + i_hv * V + o_v, mask=mask_v, other=0))
 
 
 @triton.jit
@@ -71,7 +72,7 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
 def qed_recurrent_kernel(
     q, k, v, g, b, w, lam, z, d, o, h0, ht, cu_seqlens,
     rho_out, d_out, sd_out, e_out,
-    T,
+    T, sq, sk, sv,
     scale: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -123,7 +124,7 @@ def qed_recurrent_kernel(
 
     # Each token's vectors are loaded one token ahead, so their memory latency hides behind the
     # previous token's arithmetic (and the first token's behind the state load).
-    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v,
+    nxt = _token_inputs(q, k, g, b, w, v, bos, i_h, i_hv, HV, K, V, sq, sk, sv, o_k, o_v, mask_k, mask_v,
                         G_HEAD, B_HEAD, W_HEAD)
     t = bos
     while t < eos:  # a while loop: the interpreter cannot range() over program-id tensors
@@ -131,8 +132,8 @@ def qed_recurrent_kernel(
         i_tv = (t * HV + i_hv) * V + o_v
         b_q, b_k, b_g, b_b, b_w, b_v = nxt
         t_next = tl.minimum(t + 1, eos - 1)  # the last token re-reads itself
-        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, i_hv, H, HV, K, V, o_k, o_v, mask_k, mask_v,
-                        G_HEAD, B_HEAD, W_HEAD)
+        nxt = _token_inputs(q, k, g, b, w, v, t_next, i_h, i_hv, HV, K, V, sq, sk, sv, o_k, o_v, mask_k, mask_v,
+                            G_HEAD, B_HEAD, W_HEAD)
         b_q, b_k, b_g, b_b = b_q.to(DT), b_k.to(DT), b_g.to(DT), b_b.to(DT)
         b_wv = b_w.to(DT) * b_v.to(DT)
         if LAM_PER_TOKEN:
@@ -238,14 +239,28 @@ def _padded_and_blocks(K: int, V: int, BV: int) -> tuple[int, int]:
     return triton.next_power_of_2(K), triton.cdiv(V, BV)
 
 
+def token_rows(x: Tensor) -> tuple[Tensor, int]:
+    """``x`` ``[B, T, heads, D]`` and the stride between its tokens (elements): ``x`` itself where
+    each token's heads lie in one contiguous row and the rows are evenly spaced (as in a view of
+    one projection's output split along its last axis, which is how transformers hands over q, k
+    and v), so that the kernel reads them in place; else a contiguous copy."""
+    B, T, heads, D = x.shape
+    sb, st, sh, sd = x.stride()
+    if (sd == 1 or D == 1) and (sh == D or heads == 1) and (T == 1 or B == 1 or sb == T * st):
+        return x, st if T > 1 else sb
+    return x.contiguous(), heads * D
+
+
 def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, output_final_state: bool,
                   return_probes: bool, use_qk_l2norm: bool, cu_seqlens, arm: str, problem,
                   block_config: tuple[int, int], inplace_final_state: bool) -> tuple:
-    """Launch :func:`qed_recurrent_kernel` on contiguous inputs: ``(o, final_state, probes)``;
-    with ``inplace_final_state`` the final state is written over ``initial_state``."""
+    """Launch :func:`qed_recurrent_kernel`: ``(o, final_state, probes)``, ``o`` contiguous; with
+    ``inplace_final_state`` the final state is written over ``initial_state``. ``q, k, v`` are
+    read at their token strides (:func:`token_rows`), every other input contiguous."""
     P = problem
     B, T, HV, K, V, ct = P.B, P.T, P.HV, P.K, P.V, P.compute_dtype
-    o = torch.empty_like(v)
+    (q, sq), (k, sk), (v, sv) = token_rows(q), token_rows(k), token_rows(v)
+    o = v.new_empty(v.shape)
     final_state = None
     if output_final_state:
         final_state = initial_state if inplace_final_state else q.new_empty(P.N, HV, K, V, dtype=ct)
@@ -258,7 +273,7 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
         q=q, k=k, v=v, g=g, b=b, w=w, lam=lam, z=z, d=d, o=o, h0=initial_state, ht=final_state,
         cu_seqlens=cu_seqlens,
         rho_out=probes.get("rho"), d_out=probes.get("d"), sd_out=probes.get("Sd"), e_out=probes.get("e"),
-        T=T, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        T=T, sq=sq, sk=sk, sv=sv, scale=scale, H=P.H, HV=HV, K=K, V=V, BK=BK, BV=BV,
         **direction_flags(arm, d is not None), USE_QK_L2NORM=use_qk_l2norm,
         DT=tl.float64 if ct == torch.float64 else tl.float32, LAM_PER_TOKEN=P.lam_per_token,
         USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
@@ -296,7 +311,9 @@ def qed_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tens
 
     Returns:
         ``(o, final_state, probes)`` as ``qed_naive`` (grouped value heads included).
-        Non-contiguous inputs are copied to contiguous ones first.
+        ``q, k, v`` whose tokens are evenly spaced rows of contiguous heads (views of one
+        projection's output) are read in place; other non-contiguous inputs are copied to
+        contiguous ones first.
     """
     if inplace_final_state:
         _check_inplace_state(initial_state, output_final_state)
@@ -307,7 +324,7 @@ def qed_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, b: Tensor, w: Tens
     launch = default_block_config(P.K, P.V, P.compute_dtype, P.N * P.HV) if block_config is None \
         else checked_block_config(block_config, P.V)
     contiguous = lambda x: None if x is None else x.contiguous()  # noqa: E731
-    return recurrent_fwd(*(x.contiguous() for x in (q, k, v, g, b, w, lam)), contiguous(z), contiguous(d),
+    return recurrent_fwd(q, k, v, *(x.contiguous() for x in (g, b, w, lam)), contiguous(z), contiguous(d),
                          P.scale, contiguous(initial_state), output_final_state, return_probes, use_qk_l2norm,
                          None if cu_seqlens is None else cu_seqlens.to(q.device), arm, P, launch,
                          inplace_final_state)
