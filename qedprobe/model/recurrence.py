@@ -54,7 +54,10 @@ from .hookio import has_hook, observe, through
 
 def _gate_through(hook: HookPoint, x: torch.Tensor, width: int) -> torch.Tensor:
     """``x`` through ``hook``: a scalar gate ``[B, T, H]`` may come back as itself or per channel
-    ``[B, T, H, width]``; a per-channel gate comes back in its own shape."""
+    ``[B, T, H, width]``; a per-channel gate comes back in its own shape. An unhooked gate is
+    returned before its allowed shapes are built (a decode step passes three gates per layer)."""
+    if not has_hook(hook):
+        return x
     if x.dim() == 3:
         return through(hook, x, tuple(x.shape), (*x.shape, width))
     return through(hook, x)
