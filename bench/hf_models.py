@@ -3,7 +3,7 @@
 CUDA only; not a test.
 
     PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,kda,decode,decoder]
-        [--budget S] [--value-heads 16,32]
+        [--budget S] [--value-heads 16,32] [--op-shapes 1x32768,8x4096]
 
 Everything is timed in one process on one card (median of ``triton.testing.do_bench``; peak GPU
 memory of one call, inputs included, from ``torch.cuda.max_memory_allocated``); bf16 ``q, k, v``,
@@ -154,10 +154,10 @@ def flash_qla_gdn():
     return chunk_gated_delta_rule
 
 
-def op_rows(rows: Rows, left):
+def op_rows(rows: Rows, left, shapes=OP_SHAPES):
     fla_op, label = native_gdn()
     fq_op = flash_qla_gdn()
-    for B, T in OP_SHAPES:
+    for B, T in shapes:
         for HV in VALUE_HEADS:
             if left() < 20:
                 P("budget: op rows cut")
@@ -178,9 +178,9 @@ def op_rows(rows: Rows, left):
             torch.cuda.empty_cache()
 
 
-def kda_rows(rows: Rows, left):
+def kda_rows(rows: Rows, left, shapes=OP_SHAPES):
     from fla.ops.kda import chunk_kda
-    for B, T in OP_SHAPES:
+    for B, T in shapes:
         if left() < 20:
             return
         x = head_gate_inputs(B, T, KDA_HEADS, KDA_HEADS, HEAD_DIM, device=DEV, channel_g=True)
@@ -221,9 +221,9 @@ def decode_rows(rows: Rows, left):
     rows.add("qed_recurrent, CUDA graph", shape_of(x), (graph_ms(qed), None), (n_graph, None))
 
 
-def parts_rows(rows: Rows, left, value_heads=(32,)):
+def parts_rows(rows: Rows, left, value_heads=(32,), shapes=OP_SHAPES):
     fla_op, label = native_gdn()
-    for HV, (B, T) in itertools.product(value_heads, OP_SHAPES):
+    for HV, (B, T) in itertools.product(value_heads, shapes):
         if left() < 20:
             P("budget: parts rows cut")
             return
@@ -498,6 +498,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later rows are cut after")
     ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
                     help="comma-separated value-head counts of the parts rows and the decoder and decode_parts models")
+    ap.add_argument("--op-shapes", default=",".join(f"{b}x{t}" for b, t in OP_SHAPES),
+                    help="comma-separated BxT token shapes of the op, kda and parts rows")
     a = ap.parse_args()
     sections = a.sections.split(",")
     unknown = set(sections) - set(SECTIONS)
@@ -509,6 +511,12 @@ def main() -> int:
         ap.error(f"--value-heads: expected comma-separated integers such as 16,32, got {a.value_heads!r}")
     if any(h % QK_HEADS for h in value_heads):
         ap.error(f"--value-heads: each must be a multiple of the {QK_HEADS} q/k heads, got {a.value_heads!r}")
+    try:
+        shapes = [tuple(int(n) for n in s.split("x")) for s in a.op_shapes.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        ap.error(f"--op-shapes: expected comma-separated BxT such as 1x32768,8x4096, got {a.op_shapes!r}")
     if not torch.cuda.is_available():
         P("bench/hf_models.py needs CUDA")
         return 1
@@ -518,7 +526,8 @@ def main() -> int:
     runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows,
                    decode_parts=decode_parts_rows)
     for name in sections:
-        runners[name](rows, left, **({"value_heads": value_heads} if name in ("parts", "decoder", "decode_parts") else {}))
+        runners[name](rows, left, **({"value_heads": value_heads} if name in ("parts", "decoder", "decode_parts") else {}),
+                      **({"shapes": shapes} if name in ("op", "kda", "parts") else {}))
     P(rows.table())
     return 0
 

@@ -1,8 +1,9 @@
 """Time the two scan launches of the ``qed_chunk`` forward under other launch configurations at
 the benchmark shape (or another ``--B``, ``--T``), each result compared with the rule configuration's.
 
-    python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--state-only] [--json PATH]
-    python scripts/scan_configs.py --head-gates [--HV 16] [--B 1 --T 32768] [--json PATH]
+    python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--state-only | --output-only]
+        [--json PATH]
+    python scripts/scan_configs.py --head-gates [--HV 16] [--B 1 --T 32768] [--state-only | --output-only] [--json PATH]
 
 Why: the state scan's ``N * HV * cdiv(V, BV)`` programs (256 at the benchmark shape, 32 at
 ``--B 1 --T 32768`` with ``BV = 64``) each walk every chunk of a sequence in order, so its best value
@@ -78,8 +79,11 @@ def fla_state_scan(gram, wy):
 def state_rows(kernel: str, state, configs, rule, hs, r, P) -> list[dict]:
     """One row per state-scan configuration of ``configs`` (``state(cfg)`` launches it, writing
     ``hs`` and ``r``): its time and its largest difference from the ``rule`` configuration's states
-    and residuals, which it leaves in ``hs`` and ``r`` for the output kernel to read."""
+    and residuals, which it leaves in ``hs`` and ``r`` for the output kernel to read. No ``configs``
+    (``--output-only``): the rule's launch alone, untimed."""
     state(rule)()
+    if not configs:
+        return []
     ref_hs, ref_r = hs.clone(), r.clone()
     rows = []
     for cfg in configs:
@@ -122,9 +126,9 @@ def head_gate_rows(a, dev) -> list[dict]:
                                          config=cfg)
 
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
-    rows = state_rows("qed_state_kernel (decay per row)", state, list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])),
-                      rule, hs, r, P)
-    fla = fla_state_scan(gram, wy)
+    rows = state_rows("qed_state_kernel (decay per row)", state,
+                      [] if a.output_only else list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])), rule, hs, r, P)
+    fla = None if a.output_only else fla_state_scan(gram, wy)
     if fla is not None:
         rows.append(dict(kernel="fla chunk_gated_delta_rule_fwd_h", ms=round(timed(fla), 4)))
         print(rows[-1], flush=True)
@@ -163,7 +167,11 @@ def main():
                     help="screen the scalar-gate path's state scan and output kernel (g, b, w per value head)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--state-only", action="store_true", help="screen the state scan only, not the output kernel")
+    ap.add_argument("--output-only", action="store_true",
+                    help="screen the output kernel only (the state scan launched once at its rule)")
     a = ap.parse_args()
+    if a.state_only and a.output_only:
+        ap.error("--state-only and --output-only exclude each other")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if a.HV is not None and not a.head_gates:
         ap.error("--HV is the scalar-gate path's value heads: it needs --head-gates")
@@ -196,7 +204,7 @@ def main():
         return min(bv, triton.next_power_of_2(P.V)), warps, min(kb, triton.next_power_of_2(P.K)), stages
 
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device))
-    rows = state_rows("qed_state_kernel", state, STATE_CONFIGS, rule, hs, r, P)
+    rows = state_rows("qed_state_kernel", state, [] if a.output_only else STATE_CONFIGS, rule, hs, r, P)
     out_rules = {p: (*output_config(P.V, inter, p), chunk_scan.OUTPUT_KEY_BLOCK, chunk_scan.OUTPUT_STAGES)
                  for p in (False, True)}
     out_configs = [] if a.state_only else list(dict.fromkeys(

@@ -279,15 +279,16 @@ def test_forward_traffic_joins_measured_kernel_times():
     assert got[intra][1] == "0.250"
 
 
-@pytest.mark.parametrize("mode", ["--head-gates", "--per-channel"])
+@pytest.mark.parametrize("mode", ["--head-gates", "--per-channel", "--output-only"])
 def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
     the state scan and the output kernel gives the rule configuration's results exactly, each
     kernel (and probe setting) has its rule row, and the scalar-gate screen covers value blocks of
-    16, 32, 64 at two to four stages."""
+    16, 32, 64 at two to four stages; with ``--output-only`` (scalar gates) no state-scan row."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
-    args += ["--head-gates", "--HV", "2"] if mode == "--head-gates" else []
+    args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],
+             "--output-only": ["--head-gates", "--HV", "2", "--output-only"]}[mode]
     done = subprocess.run([sys.executable, str(BENCH.parent / "scripts" / "scan_configs.py"), *args],
                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -295,7 +296,19 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     assert rows and all(r["max_diff"] == 0.0 for r in rows if "max_diff" in r)
     kinds = {(r["kernel"], r.get("probes")) for r in rows if "max_diff" in r}
     assert all(sum(r["rule"] for r in rows if (r["kernel"], r.get("probes")) == kind) >= 1 for kind in kinds)
+    if mode == "--output-only":
+        assert {r["kernel"] for r in rows} == {"qed_scalar_output_kernel"}
     if mode == "--head-gates":
         state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == "qed_state_kernel (decay per row)"}
         assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
         assert {r.get("probes") for r in rows if r["kernel"] == "qed_scalar_output_kernel"} == {False, True}
+
+
+@pytest.mark.parametrize("flag,value", [("--op-shapes", "8x"), ("--op-shapes", "8x4096,0x16"),
+                                        ("--op-shapes", "8*4096"), ("--value-heads", "16,x")])
+def test_hf_models_refuses_a_bad_shape_by_its_flag(flag, value):
+    """``bench/hf_models.py`` refuses a malformed ``--op-shapes`` / ``--value-heads`` before it looks
+    for CUDA: exit status 2, the flag named with the value it got."""
+    done = subprocess.run([sys.executable, str(BENCH / "hf_models.py"), flag, value], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and f"{flag}:" in done.stderr and repr(value) in done.stderr, done.stderr[-500:]
