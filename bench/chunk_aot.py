@@ -170,6 +170,8 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
     (``[B, T, HV]``), arm full, lambda per head, bf16 inputs (or float32 with ``fp32``); the state
     scan at its rule's configurations for many scans (sequences x value heads), for 64 and for one."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    scores = {torch.float16: "fp16", torch.float32: "fp32"}[scalar_gram.scores_dtype(dtype, torch.float32)]
     print(f"--- scalar-gate forward, {io} inputs, float32 state, probes {probes}, H={H} HV={HV} K={K} V={V}")
     absent = lambda *names: {} if probes else {n: None for n in names}  # noqa: E731
     opt = lambda **kw: kw if probes else {}  # noqa: E731
@@ -177,13 +179,13 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                   chunk_indices=None)
     compile_(scalar_gram.qed_scalar_gram_kernel,
              dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", qn=f"*{io}", kn=f"*{io}", gc="*fp32",
-                  alpha="*fp32", gamma="*fp32", akk="*fp32", T="i32",
+                  alpha="*fp32", gamma="*fp32", akk=f"*{scores}", T="i32",
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
              dict(common, BK=triton.next_power_of_2(K), L2NORM=True, **FULL, LAM_TOKEN=False, PROBES=probes,
                   WRITE_D=probes, z=None, d_in=None, HEADS_FIRST=True, **absent("rho", "eig", "cp", "d_out")),
              warps or scalar_gram.gram_warps(K))
     if not probes:
-        compile_(chunk_wy.qed_inverse_kernel, dict(akk="*fp32", ai=f"*{io}", T="i32"),
+        compile_(chunk_wy.qed_inverse_kernel, dict(akk=f"*{scores}", ai=f"*{io}", T="i32"),
                  dict(HV=HV, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                       chunk_indices=None, HEADS_FIRST=True), warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_scalar_wy_kernel,
@@ -191,12 +193,11 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                       w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
                  dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
                       DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True), warps or chunk_wy.WY_WARPS)
-        dtype = torch.float32 if fp32 else torch.bfloat16
         for scans in (1 << 20, 64, 1):
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
             print(f"BV={BV:<3d}", end=" ")
             compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
-    BV, nw, stages = scalar_output_config(V, torch.float32 if fp32 else torch.bfloat16, probes)
+    BV, nw, stages = scalar_output_config(V, dtype, probes)
     compile_(qed_scalar_output_kernel,
              dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
                   scale="fp32", **opt(cp="*fp32", sd="*fp32")),

@@ -268,6 +268,46 @@ def test_block_inverse_writes_zeros_above_the_diagonal(monkeypatch):
         assert (got[..., n:] == 0).all() and (got[..., :n].triu(1) == 0).all()
 
 
+def test_block_inverse_of_float16_scores():
+    """The scalar-gate path stores its erase scores as float16 where its intermediates are bf16
+    (``scalar_gram.scores_dtype``): the block inverse reads them as such and inverts the rounded
+    scores to float32 accuracy, and on scores shaped as the op's (``b (k_hat_t . k_hat_j)
+    e^{G_t - G_j}``, ``j < t``, keys normalised and correlated) the rounding moves ``(I + A)^{-1}``
+    less than the bf16 rounding its result is stored with on that path."""
+    from qedprobe.kernels.qed.chunk_common import BT, chunk_layout
+    from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd
+    from qedprobe.kernels.qed.inputs import check_qed_inputs
+    from qedprobe.kernels.qed.scalar_gram import scores_dtype
+    assert scores_dtype(torch.bfloat16, torch.float32) == torch.float16
+    assert scores_dtype(torch.float32, torch.float32) == torch.float32
+    assert scores_dtype(torch.float64, torch.float64) == torch.float64
+    x = chunk_inputs(B=1, T=2 * BT, seed=6)
+    q, k, v, g, b, w, lam = op_args(x)
+    P = check_qed_inputs("qed_chunk", q, k, v, g, b, w, lam, arm="full", z=None, d=None, scale=None,
+                         initial_state=None, cu_seqlens=None)
+    lay = chunk_layout(P, None, q.device, "tf32")
+    B, T, HV = v.shape[:3]
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(B, T, HV, 128, generator=gen, dtype=torch.float64) + 2 * torch.randn(128, generator=gen,
+                                                                                          dtype=torch.float64)
+    keys = torch.nn.functional.normalize(keys, dim=-1)
+    beta = torch.rand(B, T, HV, generator=gen, dtype=torch.float64)
+    G = torch.cumsum(-0.1 * torch.rand(B, T, HV, generator=gen, dtype=torch.float64), 1)
+    akk = torch.zeros(B, T, HV, BT, dtype=torch.float64)
+    for c0 in range(0, T, BT):
+        kc, Gc = keys[:, c0:c0 + BT].transpose(1, 2), G[:, c0:c0 + BT].transpose(1, 2)  # [B, HV, BT, ...]
+        scores = beta[:, c0:c0 + BT].transpose(1, 2)[..., None] * (kc @ kc.transpose(-1, -2))
+        scores = scores * (Gc[..., :, None] - Gc[..., None, :]).clamp(max=0).exp() * torch.ones(BT, BT).tril(-1).double()
+        akk[:, c0:c0 + BT] = scores.transpose(1, 2)
+    a16 = akk.to(torch.float16)
+    ai = chunk_inverse_fwd(a16.to(DEVICE), lay=lay, out_dtype=torch.float32).cpu().double()
+    for c0 in range(0, T, BT):
+        inv = lambda A: torch.linalg.inv(torch.eye(BT, dtype=torch.float64) + A[:, c0:c0 + BT].transpose(1, 2))  # noqa: E731
+        got, exact = ai[:, c0:c0 + BT].transpose(1, 2), inv(akk)
+        assert_close("Ai of the float16 scores", got, inv(a16.double()), 1e-5)
+        assert rel_err(got, exact) < rel_err(exact.bfloat16().double(), exact)
+
+
 def test_rejects_bad_input():
     x = chunk_inputs(B=1, T=8, seed=11)
     with pytest.raises(ValueError):

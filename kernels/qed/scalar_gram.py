@@ -20,7 +20,7 @@ and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_h
 the chunk once, normalises them (stored in the products' dtype for the later stages, as fla's
 ``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
 of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
-stages) and ``A_kk`` (state dtype, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
+stages) and ``A_kk`` (:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
 and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
 any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
 """
@@ -144,6 +144,17 @@ def qed_scalar_gram_kernel(
             store_tile(d_out + i_hv * K, bx[:, None] * x - c[:, None] * b_k, rows, m_t, o_k, m_k, HV * K)
 
 
+def scores_dtype(inter_dtype: torch.dtype, state_dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of the erase scores ``A_kk`` between the Gram stage and the block inverse:
+    float16 where the intermediates are bf16, else the state dtype. With bf16 intermediates the
+    inverse multiplies its off-diagonal score blocks in tf32, whose 10-bit mantissa is float16's,
+    so storing them as float16 loses nothing there (only the diagonal blocks' forward substitution,
+    in float32, sees their rounding, 2^-11 relative) and halves the bytes of the round trip, which
+    fla avoids by solving in the kernel that forms its scores. The scores are bounded (``|A| <=
+    |alpha| + |gamma|``, normalised keys and directions, decays <= 1): float16's range holds them."""
+    return torch.float16 if inter_dtype == torch.bfloat16 else state_dtype
+
+
 def gram_warps(K: int) -> int:
     """Warps of the Gram stage, by rule: 4 for key tiles up to 64 channels, 8 above (two
     ``[64, K]`` tiles and two ``[64, 64]`` products per program)."""
@@ -156,8 +167,8 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     """Launch ``qed_scalar_gram_kernel`` (grid: query/key heads x chunks,
     :func:`~.chunk_common.heads_first`) on per-head ``g`` and ``x.b`` (``[B, T, HV]``); with
     ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
-    ``akk`` the scores ``[B, T, HV, BT]`` (state dtype) apart so that the caller can free them once
-    inverted. ``config`` ``(num_warps, num_stages)`` overrides the rule (for screening)."""
+    ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
+    them once inverted. ``config`` ``(num_warps, num_stages)`` overrides the rule (for screening)."""
     num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
     B, T, H, K = x.q.shape
     HV = g.shape[2]
@@ -168,7 +179,7 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
                      gc=row(), alpha=row(), gamma=row(),
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
-    akk = torch.empty(B, T, HV, BT, device=dev, dtype=st)
+    akk = torch.empty(B, T, HV, BT, device=dev, dtype=scores_dtype(inter_dtype, st))
     grid, first = heads_first((lay.grid[0], lay.grid[1] * H // HV))
     qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
