@@ -525,9 +525,10 @@ def main() -> int:
     rows = Rows(a.json, a.commit)
     runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows,
                    decode_parts=decode_parts_rows)
+    options = dict(op=dict(shapes=shapes), kda=dict(shapes=shapes), parts=dict(value_heads=value_heads, shapes=shapes),
+                   decoder=dict(value_heads=value_heads), decode_parts=dict(value_heads=value_heads))
     for name in sections:
-        runners[name](rows, left, **({"value_heads": value_heads} if name in ("parts", "decoder", "decode_parts") else {}),
-                      **({"shapes": shapes} if name in ("op", "kda", "parts") else {}))
+        runners[name](rows, left, **options.get(name, {}))
     P(rows.table())
     return 0
 
