@@ -255,11 +255,12 @@ def qwen35_config(HV: int, small: bool):
                              linear_num_value_heads=HV, linear_key_head_dim=128, linear_value_head_dim=128)
 
 
-def random_qwen35(HV: int, small: bool):
-    """:func:`qwen35_config`'s model with random weights (seed 0), bf16, on the GPU, in eval mode."""
+def random_qwen35(HV: int, small: bool, device: str | None = None):
+    """:func:`qwen35_config`'s model with random weights (seed 0), bf16, on ``device`` (default
+    :data:`DEV`), in eval mode."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(qwen35_config(HV, small)).to(DEV, torch.bfloat16).eval()
+    return AutoModelForCausalLM.from_config(qwen35_config(HV, small)).to(device or DEV, torch.bfloat16).eval()
 
 
 PROBE_HOOKS = [(lambda name: name.endswith(("hook_e", "hook_Sd")), lambda act, hook: None)]
@@ -337,11 +338,17 @@ def cached_decode(model, ids, steps: int):
 
 
 @contextlib.contextmanager
-def adapted_unhooked(model):
-    """Inside the block ``model`` is adapted by ``qedprobe.hf`` with nothing hooked or injected
-    (it calls its own recurrence functions); native again after it."""
+def native(model, op_mode: str = "auto"):
+    """``model`` as it is (``op_mode`` unused): transformers' own recurrence functions."""
+    yield
+
+
+@contextlib.contextmanager
+def adapted_unhooked(model, op_mode: str = "auto"):
+    """Inside the block ``model`` is adapted by ``qedprobe.hf`` (with ``op_mode``) with nothing
+    hooked or injected (it calls its own recurrence functions); native again after it."""
     from qedprobe.hf import adapt
-    adapted = adapt(model)
+    adapted = adapt(model, op_mode=op_mode)
     try:
         yield
     finally:
@@ -349,11 +356,11 @@ def adapted_unhooked(model):
 
 
 @contextlib.contextmanager
-def injected_and_hooked(model):
-    """Inside the block ``model`` is adapted with QED injected (lambda 0.1, arm ``full``) and
-    :data:`PROBE_HOOKS` attached; native again after it."""
+def injected_and_hooked(model, op_mode: str = "auto"):
+    """Inside the block ``model`` is adapted (with ``op_mode``) with QED injected (lambda 0.1, arm
+    ``full``) and :data:`PROBE_HOOKS` attached; native again after it."""
     from qedprobe.hf import adapt, inject_qed
-    adapted = inject_qed(adapt(model), 0.1, arm="full")
+    adapted = inject_qed(adapt(model, op_mode=op_mode), 0.1, arm="full")
     try:
         with adapted.hooks(fwd_hooks=PROBE_HOOKS):
             yield
@@ -361,20 +368,21 @@ def injected_and_hooked(model):
         adapted.detach()
 
 
-DECODE_VARIANTS = {"native": contextlib.nullcontext, "adapted, nothing hooked": adapted_unhooked,
+DECODE_VARIANTS = {"native": native, "adapted, nothing hooked": adapted_unhooked,
                    "injected, hook_e + hook_Sd": injected_and_hooked}
-"""The decode rows' variants: name -> ``context(model)`` inside which the model is that variant."""
+"""The decode rows' variants: name -> ``context(model, op_mode="auto")`` inside which the model is
+that variant (adapted with that op mode)."""
 
 
-def interleaved_decode(model, measure, rounds: int = 3) -> dict[str, float]:
+def interleaved_decode(model, measure, rounds: int = 3, op_mode: str = "auto") -> dict[str, float]:
     """``{variant: median ms}`` of ``measure()`` (a list of step times) inside each of
-    :data:`DECODE_VARIANTS` of ``model``, in turn in each of ``rounds`` rounds (after one round of
-    warm-up), so that the host's drifts, which move a launch-bound decode step by more than the
-    targets' margins between runs, fall on the three alike."""
+    :data:`DECODE_VARIANTS` of ``model`` (adapted with ``op_mode``), in turn in each of ``rounds``
+    rounds (after one round of warm-up), so that the host's drifts, which move a launch-bound
+    decode step by more than the targets' margins between runs, fall on the three alike."""
     got = {name: [] for name in DECODE_VARIANTS}
     for r in range(1 + rounds):
         for name, variant in DECODE_VARIANTS.items():
-            with variant(model):
+            with variant(model, op_mode=op_mode):
                 times = measure()
             if r:
                 got[name] += times

@@ -15,7 +15,10 @@ K=V=128, on CPU tensors with every Triton launch replaced by a no-op: the part o
 decode step that the device does not set, for comparing host paths on a machine without a GPU.
 Its second line does the same for one layer of a Qwen3.5-shaped model at decode (B=8, 16 q/k and
 16 value heads of 128): ``qedprobe.hf``'s recurrence with QED injected and ``hook_e``, ``hook_Sd``
-hooked against fla's ``fused_recurrent_gated_delta_rule``, which the native model calls.
+hooked against fla's ``fused_recurrent_gated_delta_rule``, which the native model calls. Its third
+line times a whole Gated DeltaNet layer's decode step (transformers' module, with the cache) of
+a tiny Qwen3.5 the same way, native, adapted with nothing hooked, and injected and hooked
+(:func:`hf_decoder_layer_host_paths`).
 
 ``--screen`` times one decode step as a model's CUDA-graph decode runs it (the state updated in
 place, ``inplace_final_state=True``; the CUDA-graph time of :func:`_times`) for every launch configuration of
@@ -210,10 +213,72 @@ def hf_layer_host_paths(B: int = 8, H: int = 16, HV: int = 16, K: int = 128, cal
         return {"B": B, "H": H, "HV": HV, "K": K, **{name: _host_us(fn, calls) for name, fn in fns.items()}}
 
 
+def _closure_cell(fn, name: str):
+    """The cell of ``fn``'s free variable ``name``."""
+    try:
+        return fn.__closure__[fn.__code__.co_freevars.index(name)]
+    except (AttributeError, TypeError, ValueError):
+        raise RuntimeError(f"recurrent_decode: {fn!r} has no closure variable {name!r} (another "
+                           f"transformers version?)") from None
+
+
+@contextlib.contextmanager
+def fla_on_cpu(fn):
+    """Inside the block transformers' recurrence function ``fn`` of a modeling module (through
+    qedprobe's route where one is installed) hands CPU tensors to fla, as it hands CUDA tensors on
+    a GPU, instead of to its PyTorch code: the native layer's decode path with its host side as on
+    a GPU (for :func:`stubbed_launches`)."""
+    fn = getattr(fn, "original", fn)  # below a qedprobe.hf route
+    if isinstance(fn, torch.nn.Module):  # kernels' module around the function, where it is installed
+        fn = _closure_cell(type(fn).forward, "func").cell_contents
+    cell = _closure_cell(fn, "supported_devices")
+    devices = cell.cell_contents
+    cell.cell_contents = (*devices, "cpu")
+    try:
+        yield
+    finally:
+        cell.cell_contents = devices
+
+
+def hf_decoder_layer_host_paths(B: int = 8, HV: int = 16, calls: int = 200, rounds: int = 10) -> dict:
+    """Microseconds per decode step of one whole Gated DeltaNet layer (transformers' module:
+    projections, convolution with its cached state, gates, recurrence, cache update, gated norm,
+    output projection) of ``hf_models.qwen35_config(HV, small=True)``'s model (bf16, batch ``B``, a cache
+    filled by an 8-token prefill), for each of ``hf_models.DECODE_VARIANTS``: native, adapted
+    with nothing hooked, injected with ``hook_e`` and ``hook_Sd`` hooked. Triton's launches are
+    stubbed out (:func:`stubbed_launches`), the native recurrence goes to fla as on a GPU
+    (:func:`fla_on_cpu`) and the injected one to ``qed_recurrent`` (op mode ``recurrent``); the
+    tensors are tiny, so the variants differ by their Python. Each figure is the median over
+    ``rounds`` alternating rounds (``hf_models.interleaved_decode``, one thread) of
+    :func:`_host_us` over ``calls`` steps."""
+    import hf_models
+    from qedprobe.hf import route
+    from qedprobe.hf.families import modeling_module_name, routed_functions
+    model = hf_models.random_qwen35(HV, small=True, device="cpu")
+    cfg, routed = model.config, routed_functions(model.config.model_type)
+    module_name = modeling_module_name(cfg.model_type)
+    route.install(module_name, routed)  # the native model runs through the route, as after any adaptation
+    decode_fn = getattr(sys.modules[module_name], next(name for name, phase in routed.items() if phase == "decode"))
+    layer = model.model.layers[cfg.layer_types.index("linear_attention")].linear_attn
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad(), stubbed_launches(), fla_on_cpu(decode_fn):
+            cache = model(torch.randint(2, cfg.vocab_size, (B, 8)), use_cache=True).cache
+            x = torch.randn(B, 1, cfg.hidden_size, dtype=torch.bfloat16)
+            step = lambda: layer(hidden_states=x, cache=cache, attention_mask=None, use_cache=True)  # noqa: E731
+            us = hf_models.interleaved_decode(model, lambda: [_host_us(step, calls)], rounds, op_mode="recurrent")
+    finally:
+        torch.set_num_threads(threads)
+    return {"B": B, "H": cfg.linear_num_key_heads, "HV": cfg.linear_num_value_heads, "K": cfg.linear_key_head_dim,
+            "layer_step_us": us}
+
+
 def main() -> int:
     if "--host-only" in sys.argv[1:]:
         print(json.dumps(host_paths()))
         print(json.dumps(hf_layer_host_paths()))
+        print(json.dumps(hf_decoder_layer_host_paths()))
         return 0
     if not torch.cuda.is_available():
         print("recurrent_decode: needs CUDA", file=sys.stderr)

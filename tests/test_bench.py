@@ -83,6 +83,53 @@ def test_hf_layer_host_paths_time_the_hooked_layer_and_the_native_function():
     assert 0 < got["qed_hf_layer_host_us"] < 2000 and 0 < got["fla_gdn_host_us"] < 2000
 
 
+def test_fla_on_cpu_sends_the_native_decode_function_to_fla_and_restores_it():
+    """``recurrent_decode.fla_on_cpu``: inside the block transformers' decode recurrence (through
+    qedprobe's route) hands CPU tensors to fla, whose launch runs (here a counting stub); outside
+    it takes its PyTorch code again (no launch)."""
+    import importlib
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from qedprobe.hf import route
+    from qedprobe.hf.families import modeling_module_name, routed_functions
+    name = modeling_module_name("qwen3_5_text")
+    route.install(name, routed_functions("qwen3_5_text"))
+    fn = importlib.import_module(name).torch_recurrent_gated_delta_rule
+    B, H, K = 2, 2, 16
+    q, k, v = (torch.randn(B, 1, H, K) for _ in range(3))
+    args = dict(g=-torch.rand(B, 1, H), beta=torch.rand(B, 1, H), initial_state=torch.zeros(B, H, K, K),
+                output_final_state=True, use_qk_l2norm_in_kernel=True)
+    launched = []
+    with recurrent_decode.stubbed_launches():
+        stub = JITFunction.run
+        JITFunction.run = InterpretedFunction.run = lambda self, *a, **kw: launched.append(1)
+        try:
+            with recurrent_decode.fla_on_cpu(fn):
+                fn(q, k, v, **args)
+            inside = len(launched)
+            o, state = fn(q, k, v, **args)
+        finally:
+            JITFunction.run = InterpretedFunction.run = stub
+    assert inside > 0 and len(launched) == inside
+    assert o.shape == (B, 1, H, K) and torch.isfinite(o).all()
+
+
+def test_hf_decoder_layer_host_paths_time_each_decode_variant_and_restore_the_launch():
+    """``recurrent_decode.py --host-only``, third line: a tiny Qwen3.5's Gated DeltaNet layer's
+    decode step timed for each of ``hf_models.DECODE_VARIANTS`` with the launch stubbed out, the
+    launch and the torch thread count restored after."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    real_runs, threads = (JITFunction.run, InterpretedFunction.run), torch.get_num_threads()
+    got = recurrent_decode.hf_decoder_layer_host_paths(B=2, calls=2, rounds=1)
+    assert (JITFunction.run, InterpretedFunction.run) == real_runs and torch.get_num_threads() == threads
+    assert {k: got[k] for k in ("B", "H", "HV", "K")} == {"B": 2, "H": 2, "HV": 2, "K": 16}
+    assert list(got["layer_step_us"]) == list(hf_models.DECODE_VARIANTS)
+    assert all(0 < t < 1e5 for t in got["layer_step_us"].values())
+
+
 def test_step_counts_read_launches_aten_ops_and_op_time_per_step():
     """``step_counts`` on a real CPU profile (two steps of three aten ops each) and on the launch
     events a CUDA profile adds (torch's ``cudaLaunchKernel``, Triton's ``cuLaunchKernelEx``)."""
