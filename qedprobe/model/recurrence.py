@@ -112,8 +112,12 @@ class HookedRecurrence(nn.Module):
 
     def is_hooked(self) -> bool:
         """Whether any hook point of the recurrence has a hook (forward or backward): a host-side
-        check of the hook points' hook lists, no device work."""
-        return any(has_hook(hook) for hook in self._points)
+        check of the hook points' hook lists, no device work (:func:`~.hookio.has_hook`'s test,
+        written out: a transformers model asks it of every layer at every decode step)."""
+        for hook in self._points:
+            if hook.fwd_hooks or hook.bwd_hooks:
+                return True
+        return False
 
     def _query_key(self, q: torch.Tensor, k: torch.Tensor, group_size: int) -> tuple:
         """q and k through their hooks, one copy per value head (``[B, T, Hk, K]`` ->
