@@ -100,7 +100,7 @@ class LinearAttnRecurrence(HookedRecurrence):
     def lam_now(self, phase: str) -> torch.Tensor:
         """``[Hv]`` float32: the injected lambda times the active strength factors of ``phase``
         (on the layer's device, where each factor was copied once: no per-call copy or wait)."""
-        lam = self.lam  # a buffer: each read is an nn.Module attribute lookup
+        lam = self._buffers["lam"]  # the buffer from its dict: nn.Module's attribute lookup costs more
         scales = self.lambda_scale().for_phase(phase, lam.device)
         if scales is None:
             return lam
@@ -116,7 +116,9 @@ class LinearAttnRecurrence(HookedRecurrence):
         ``unused``: the keyword arguments transformers' own PyTorch functions also ignore
         (``chunk_size`` and what the layer's ``**kwargs`` carry).
         """
-        self.follow(value.device)
-        return self.recur(query, key, value, g, beta, beta, self.lam_now(phase), arm=self.arm, z=self.z,
+        buffers = self._buffers  # lam and z from their dict: nn.Module's attribute lookup costs more
+        if buffers["lam"].device != value.device:
+            self.follow(value.device)
+        return self.recur(query, key, value, g, beta, beta, self.lam_now(phase), arm=self.arm, z=buffers["z"],
                           mode=self.op_mode, group_size=self.group_size, use_qk_l2norm=use_qk_l2norm_in_kernel,
                           initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -75,6 +75,8 @@ class LambdaScale:
         """Product of the factors that apply to ``phase`` (``"prefill"`` or ``"decode"``), ``[L, H]``
         float32 on ``device``, or None when none applies (each factor is copied to ``device``
         once: :meth:`StrengthFactor.on`)."""
+        if not self.factors:
+            return None
         active = [f.on(device) for f in self.factors if f.phase in ("all", phase)]
         if not active:
             return None
@@ -92,14 +94,21 @@ _CALL_SCALES: contextvars.ContextVar[tuple] = contextvars.ContextVar("qedprobe_c
 """The scales given to the calls now running (:func:`call_lambda_scale`): ``((model, LambdaScale), ...)``."""
 
 
+_NO_SCALE = LambdaScale()
+"""Lambda as trained: what :func:`active_lambda_scale` gives outside every block and scaled call."""
+
+
 def active_lambda_scale(model) -> LambdaScale:
     """The :class:`LambdaScale` that ``model``'s layers apply now: the one given to the innermost
     call of ``model`` that was given one (:func:`call_lambda_scale`), else that of the
     ``strength`` blocks around this call that name ``model``."""
-    given = next((scale for owner, scale in reversed(_CALL_SCALES.get()) if owner is model), None)
+    calls, blocks = _CALL_SCALES.get(), _ACTIVE_BLOCKS.get()
+    if not (calls or blocks):  # asked by each layer at each decode step: nothing to search
+        return _NO_SCALE
+    given = next((scale for owner, scale in reversed(calls) if owner is model), None)
     if given is not None:
         return given
-    return LambdaScale(tuple(factor for owner, factor in _ACTIVE_BLOCKS.get() if owner is model))
+    return LambdaScale(tuple(factor for owner, factor in blocks if owner is model))
 
 
 @contextlib.contextmanager
