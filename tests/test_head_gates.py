@@ -178,6 +178,24 @@ def test_probe_subset(op):
         op(*args(x), arm="full", return_probes="e")
 
 
+def test_probe_request_orders_every_request_as_the_probes_are_ordered():
+    """``probe_request``: every ordering of every set of probe names, given as a tuple, a list or
+    a set, asks for those names in ``PROBE_NAMES`` order; entries that are not probe names,
+    hashable or not, are refused by name."""
+    import itertools
+
+    from qedprobe.kernels.qed.inputs import PROBE_NAMES, probe_request
+    for r in range(len(PROBE_NAMES) + 1):
+        for names in itertools.permutations(PROBE_NAMES, r):
+            expected = tuple(n for n in PROBE_NAMES if n in names)
+            for given in (names, list(names), set(names), names + names[:1]):
+                assert probe_request("op", given) == expected
+    assert probe_request("op", True) == PROBE_NAMES and probe_request("op", False) == probe_request("op", None) == ()
+    for bad in ((["e"],), (1,), ("e", 1), (True,)):
+        with pytest.raises(ValueError, match="op: `return_probes` must be a bool or a collection of probe names"):
+            probe_request("op", bad)
+
+
 def _spy(fn, calls):
     """``fn`` recording each call in ``calls``."""
     def spy(*a, **kw):

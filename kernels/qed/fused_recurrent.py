@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .arms import direction_flags
-from .inputs import QEDOutput, check_qed_inputs, on_input_device, probe_request, selected_probes
+from .inputs import QEDOutput, check_qed_inputs, on_input_device, probe_request
 
 Tensor = torch.Tensor
 
@@ -265,8 +265,10 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
     if output_final_state:
         final_state = initial_state if inplace_final_state else q.new_empty(P.N, HV, K, V, dtype=ct)
     want = probe_request("qed_recurrent", return_probes)
-    shapes = {"rho": (B, T, HV), "d": (B, T, HV, K), "Sd": (B, T, HV, V), "e": (B, T, HV)}
-    probes = {name: q.new_empty(shapes[name], dtype=ct) for name in want}
+    probes = {}  # exactly the probes asked for, in their order: the op's probes result
+    if want:
+        shapes = {"rho": (B, T, HV), "d": (B, T, HV, K), "Sd": (B, T, HV, V), "e": (B, T, HV)}
+        probes = {name: q.new_empty(shapes[name], dtype=ct) for name in want}
     BV, num_warps = block_config
     BK, value_blocks = _padded_and_blocks(K, V, BV)
     qed_recurrent_kernel[(P.N * HV, value_blocks)](
@@ -280,7 +282,7 @@ def recurrent_fwd(q, k, v, g, b, w, lam, z, d, scale: float, initial_state, outp
         IS_VARLEN=cu_seqlens is not None, STORE_RHO="rho" in probes, STORE_D="d" in probes, STORE_SD="Sd" in probes,
         STORE_E="e" in probes, G_HEAD=P.head_g, B_HEAD=P.head_b, W_HEAD=P.head_w, num_warps=num_warps,
     )
-    return o, final_state, selected_probes(probes, want)
+    return o, final_state, probes or None
 
 
 @on_input_device

@@ -46,11 +46,24 @@ PROBE_NAMES = ("rho", "d", "Sd", "e")
 """The per-token probes an op can return, in the order of its ``probes`` dict."""
 
 
+_IN_ORDER = {names: names for names in (tuple(n for i, n in enumerate(PROBE_NAMES) if mask >> i & 1)
+                                        for mask in range(2 ** len(PROBE_NAMES)))}
+"""Every tuple of distinct probe names in :data:`PROBE_NAMES` order, mapped to itself: the requests
+that :func:`probe_request` returns as given (a hooked layer asks for the same one at every step)."""
+
+
 def probe_request(op: str, return_probes) -> tuple[str, ...]:
     """The probes one call asks for, in :data:`PROBE_NAMES` order: all of them for ``True``, none
     for ``False`` or ``None``, or the named ones (a collection of names, e.g. ``("e", "Sd")``, so
     that an op writes only what is looked at: ``d`` and ``Sd`` are ``[B, T, HV, K]`` /
     ``[B, T, HV, V]`` in the state dtype)."""
+    if type(return_probes) is tuple:
+        try:
+            known = _IN_ORDER.get(return_probes)
+        except TypeError:  # an unhashable entry: refused below
+            known = None
+        if known is not None:
+            return known
     if return_probes is None or isinstance(return_probes, bool):
         return PROBE_NAMES if return_probes else ()
     if not isinstance(return_probes, (tuple, list, set, frozenset)) or not all(isinstance(n, str) for n in return_probes):
