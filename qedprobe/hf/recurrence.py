@@ -93,7 +93,7 @@ class LinearAttnRecurrence(HookedRecurrence):
     def follow(self, device: torch.device) -> None:
         """Keep the buffers on ``device``, where the layer's tensors are (a model split over
         devices by accelerate runs each layer where its weights are): moved once, not per call."""
-        if self.lam.device != device:
+        if self._buffers["lam"].device != device:  # asked at every call: the buffer from its dict
             self.lam = self.lam.to(device)
             self.z = None if self.z is None else self.z.to(device)
 
@@ -116,9 +116,7 @@ class LinearAttnRecurrence(HookedRecurrence):
         ``unused``: the keyword arguments transformers' own PyTorch functions also ignore
         (``chunk_size`` and what the layer's ``**kwargs`` carry).
         """
-        buffers = self._buffers  # lam and z from their dict: nn.Module's attribute lookup costs more
-        if buffers["lam"].device != value.device:
-            self.follow(value.device)
-        return self.recur(query, key, value, g, beta, beta, self.lam_now(phase), arm=self.arm, z=buffers["z"],
+        self.follow(value.device)
+        return self.recur(query, key, value, g, beta, beta, self.lam_now(phase), arm=self.arm, z=self._buffers["z"],
                           mode=self.op_mode, group_size=self.group_size, use_qk_l2norm=use_qk_l2norm_in_kernel,
                           initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)

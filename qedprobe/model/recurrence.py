@@ -112,10 +112,10 @@ class HookedRecurrence(nn.Module):
 
     def is_hooked(self) -> bool:
         """Whether any hook point of the recurrence has a hook (forward or backward): a host-side
-        check of the hook points' hook lists, no device work (:func:`~.hookio.has_hook`'s test,
-        written out: a transformers model asks it of every layer at every decode step)."""
+        check of the hook points' hook lists, no device work (a plain loop, no generator: a
+        transformers model asks it of every layer at every decode step)."""
         for hook in self._points:
-            if hook.fwd_hooks or hook.bwd_hooks:
+            if has_hook(hook):
                 return True
         return False
 
