@@ -2,7 +2,7 @@
 
 CUDA only; not a test.
 
-    PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,kda,decode,decoder]
+    PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,kda,decode,decoder,generate]
         [--budget S] [--value-heads 16,32] [--op-shapes 1x32768,8x4096]
 
 Everything is timed in one process on one card (median of ``triton.testing.do_bench``; peak GPU
@@ -29,7 +29,9 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   step of this model is bound by the host's launches (about 5 ms of GPU work in 30 ms), whose
   speed drifts between runs by more than the targets' margins, so the three variants are
   measured in alternating rounds (the model adapted and detached again in each) and each row is
-  the median over all rounds' steps.
+  the median over all rounds' steps (each round's median, minimum and maximum per variant printed
+  to the log, so that a disturbed round shows).
+* ``generate``: the ``decoder`` section's decode-step rows alone, without its prefill rows.
 * ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
   alternated as above; printed to the log, the host synchronisations one run of each makes and
@@ -71,7 +73,7 @@ QK_HEADS, HEAD_DIM = 16, 128
 VALUE_HEADS = (16, 32, 64)
 KDA_HEADS = 32
 DECODE = dict(B=8, H=16, HV=32)
-SECTIONS = ("op", "kda", "decode", "decoder", "parts", "decode_parts")
+SECTIONS = ("op", "kda", "decode", "decoder", "generate", "parts", "decode_parts")
 
 
 def P(*a):
@@ -384,6 +386,8 @@ def interleaved_decode(model, measure, rounds: int = 3, op_mode: str = "auto") -
         for name, variant in DECODE_VARIANTS.items():
             with variant(model, op_mode=op_mode):
                 times = measure()
+            P(f"decode round {r}{' (warm-up)' if r == 0 else ''}, {name}: median {statistics.median(times):.3f} ms, "
+              f"min {min(times):.3f}, max {max(times):.3f}, {len(times)} steps")
             if r:
                 got[name] += times
     return {name: statistics.median(t) for name, t in got.items()}
@@ -431,7 +435,6 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
     model = random_qwen35(HV, small)
     vocab = model.config.vocab_size
     lengths = (256,) if small else DECODER_LENGTHS
-    B, Tg = generate_batch(small)
     prompts = {T: torch.randint(2, vocab, (1, T), device=DEV) for T in lengths}
     prefill = lambda ids: lambda: model(ids, use_cache=False, logits_to_keep=1)  # noqa: E731
     native = {T: timed(prefill(ids)) for T, ids in prompts.items() if left() > 60}
@@ -444,7 +447,14 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
         for T, ids in prompts.items():
             if T in native:
                 rows.add("injected prefill, hook_e + hook_Sd", f"B1 T{T} HV{HV}", timed(prefill(ids)), native[T])
-    gen_ids = torch.randint(2, vocab, (B, Tg), device=DEV)
+    generate_decode(rows, model, HV, small)
+
+
+def generate_decode(rows: Rows, model, HV: int, small: bool) -> None:
+    """The decode-step rows of ``model`` (``HV`` value heads): steps inside ``generate`` on a batch
+    of random prompts (:func:`generate_batch`), its variants alternated (:func:`interleaved_decode`)."""
+    B, Tg = generate_batch(small)
+    gen_ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
     decode_rows_of(rows, "decode step in generate", f"B{B} T{Tg} HV{HV} decode",
                    interleaved_decode(model, generate_steps(model, gen_ids)))
 
@@ -495,6 +505,17 @@ def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALU
         torch.cuda.empty_cache()
 
 
+def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
+    """The ``decoder`` section's decode-step rows alone (no prefill rows)."""
+    for HV in value_heads:
+        if left() < 60:
+            P("budget: generate rows cut")
+            return
+        with torch.no_grad():
+            generate_decode(rows, random_qwen35(HV, small), HV, small)
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     out = os.environ.get("OUT")
@@ -505,7 +526,7 @@ def main() -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later rows are cut after")
     ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
-                    help="comma-separated value-head counts of the parts rows and the decoder and decode_parts models")
+                    help="comma-separated value-head counts of the parts rows and the decoder, generate and decode_parts models")
     ap.add_argument("--op-shapes", default=",".join(f"{b}x{t}" for b, t in OP_SHAPES),
                     help="comma-separated BxT token shapes of the op, kda and parts rows")
     a = ap.parse_args()
@@ -531,10 +552,11 @@ def main() -> int:
     start = time.time()
     left = lambda: a.budget - (time.time() - start)  # noqa: E731
     rows = Rows(a.json, a.commit)
-    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, parts=parts_rows,
-                   decode_parts=decode_parts_rows)
+    runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, generate=generate_rows,
+                   parts=parts_rows, decode_parts=decode_parts_rows)
     options = dict(op=dict(shapes=shapes), kda=dict(shapes=shapes), parts=dict(value_heads=value_heads, shapes=shapes),
-                   decoder=dict(value_heads=value_heads), decode_parts=dict(value_heads=value_heads))
+                   decoder=dict(value_heads=value_heads), generate=dict(value_heads=value_heads),
+                   decode_parts=dict(value_heads=value_heads))
     for name in sections:
         runners[name](rows, left, **options.get(name, {}))
     P(rows.table())

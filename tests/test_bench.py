@@ -170,11 +170,12 @@ def test_host_synchronisations_count_the_lines_that_waited(monkeypatch):
     assert modes == ["warn", "default"]
 
 
-def test_decode_variants_alternate_and_leave_the_model_native(monkeypatch):
+def test_decode_variants_alternate_and_leave_the_model_native(monkeypatch, capsys):
     """``hf_models.interleaved_decode`` on a tiny random Qwen3.5 (CPU): each round measures the
     native model, the adapted one (the same logits, no hook firing) and the injected one (other
     logits, the probe hooks firing), in that order; each variant's figure is the median of its
-    rounds after the warm-up round; the model is native again afterwards."""
+    rounds after the warm-up round, and each round's figure is logged; the model is native again
+    afterwards."""
     monkeypatch.setattr(hf_models, "DEV", "cpu")
     fired = []
     monkeypatch.setattr(hf_models, "PROBE_HOOKS", [(lambda name: name.endswith("hook_e"),
@@ -194,6 +195,30 @@ def test_decode_variants_alternate_and_leave_the_model_native(monkeypatch):
         assert torch.equal(model(ids).logits, native)
     assert seen == [(True, False), (True, False), (False, True)] * 4
     assert got == dict(zip(hf_models.DECODE_VARIANTS, (7.0, 8.0, 9.0)))
+    logged = [line for line in capsys.readouterr().out.splitlines() if line.startswith("decode round")]
+    assert logged[0] == "decode round 0 (warm-up), native: median 1.000 ms, min 1.000, max 1.000, 1 steps"
+    assert logged[-1] == "decode round 3, injected, hook_e + hook_Sd: median 12.000 ms, min 12.000, max 12.000, 1 steps"
+    assert len(logged) == 12
+
+
+def test_generate_section_writes_the_decode_step_rows_alone(monkeypatch, tmp_path):
+    """``--sections generate`` (``hf_models.generate_rows``): for each value-head count, one row per
+    decode variant on a model with that many value heads, each against native's figure; no
+    prefill rows."""
+    monkeypatch.setattr(hf_models, "DEV", "cpu")
+    monkeypatch.setattr(hf_models.torch.cuda, "get_device_name", lambda *a: "test device")
+    heads = []
+    monkeypatch.setattr(hf_models, "generate_steps", lambda model, ids: None)
+    monkeypatch.setattr(hf_models, "interleaved_decode", lambda model, measure: (
+        heads.append(model.config.linear_num_value_heads) or dict(zip(hf_models.DECODE_VARIANTS, (30., 31., 33.)))))
+    rows = hf_models.Rows(str(tmp_path / "rows.json"), "abc1234")
+    hf_models.generate_rows(rows, lambda: 1e9, small=True, value_heads=(16, 32))
+    assert heads == [2, 4]  # the small models' value heads: HV // 8
+    got = [(r["name"], r["shape"], r["ms"], r["ratio"]) for r in json.load(open(tmp_path / "rows.json"))]
+    B, T = hf_models.generate_batch(True)
+    assert got == [(f"decode step in generate ({name})", f"B{B} T{T} HV{hv} decode", ms, ratio)
+                   for hv in (16, 32) for name, ms, ratio in zip(hf_models.DECODE_VARIANTS, (30., 31., 33.),
+                                                                 (None, round(31 / 30, 4), 1.1))]
 
 
 def test_step_clock_times_each_decode_step_inside_generate(monkeypatch):
