@@ -2,7 +2,7 @@
 
 CUDA only; not a test.
 
-    PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,kda,decode,decoder,generate]
+    PYTHONUNBUFFERED=1 python3 bench/hf_models.py [--json PATH] [--commit SHA] [--sections op,decoder,...]
         [--budget S] [--value-heads 16,32] [--op-shapes 1x32768,8x4096]
 
 Everything is timed in one process on one card (median of ``triton.testing.do_bench``; peak GPU
@@ -526,7 +526,8 @@ def main() -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later rows are cut after")
     ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
-                    help="comma-separated value-head counts of the parts rows and the decoder, generate and decode_parts models")
+                    help="comma-separated value-head counts of the parts rows and the decoder, generate and "
+                         "decode_parts models")
     ap.add_argument("--op-shapes", default=",".join(f"{b}x{t}" for b, t in OP_SHAPES),
                     help="comma-separated BxT token shapes of the op, kda and parts rows")
     a = ap.parse_args()
