@@ -376,18 +376,20 @@ DECODE_VARIANTS = {"native": native, "adapted, nothing hooked": adapted_unhooked
 that variant (adapted with that op mode)."""
 
 
-def interleaved_decode(model, measure, rounds: int = 3, op_mode: str = "auto") -> dict[str, float]:
-    """``{variant: median ms}`` of ``measure()`` (a list of step times) inside each of
+def interleaved_decode(model, measure, rounds: int = 3, op_mode: str = "auto", unit: str = "ms") -> dict[str, float]:
+    """``{variant: median}`` of ``measure()`` (a list of step times in ``unit``) inside each of
     :data:`DECODE_VARIANTS` of ``model`` (adapted with ``op_mode``), in turn in each of ``rounds``
     rounds (after one round of warm-up), so that the host's drifts, which move a launch-bound
-    decode step by more than the targets' margins between runs, fall on the three alike."""
+    decode step by more than the targets' margins between runs, fall on the three alike. Each
+    round's median, minimum and maximum per variant is logged."""
     got = {name: [] for name in DECODE_VARIANTS}
     for r in range(1 + rounds):
         for name, variant in DECODE_VARIANTS.items():
             with variant(model, op_mode=op_mode):
                 times = measure()
-            P(f"decode round {r}{' (warm-up)' if r == 0 else ''}, {name}: median {statistics.median(times):.3f} ms, "
-              f"min {min(times):.3f}, max {max(times):.3f}, {len(times)} steps")
+            P(f"decode round {r}{' (warm-up)' if r == 0 else ''}, {name}: "
+              f"median {statistics.median(times):.3f} {unit}, min {min(times):.3f}, max {max(times):.3f}, "
+              f"{len(times)} steps")
             if r:
                 got[name] += times
     return {name: statistics.median(t) for name, t in got.items()}
