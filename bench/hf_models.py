@@ -497,25 +497,27 @@ def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER
         torch.cuda.empty_cache()
 
 
-def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
+def each_model(section: str, value_heads, left, needs_s: float, run) -> None:
+    """``run(HV)`` without autograd for each value-head count while the budget ``left()`` has
+    ``needs_s`` seconds for one more (else the section's rows are cut, said in the log), the
+    CUDA cache emptied after each model."""
     for HV in value_heads:
-        if left() < 120:
-            P("budget: decoder rows cut")
+        if left() < needs_s:
+            P(f"budget: {section} rows cut")
             return
         with torch.no_grad():
-            decoder_shape(rows, HV, small, left)
+            run(HV)
         torch.cuda.empty_cache()
+
+
+def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
+    each_model("decoder", value_heads, left, 120, lambda HV: decoder_shape(rows, HV, small, left))
 
 
 def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
     """The ``decoder`` section's decode-step rows alone (no prefill rows)."""
-    for HV in value_heads:
-        if left() < 60:
-            P("budget: generate rows cut")
-            return
-        with torch.no_grad():
-            generate_decode(rows, random_qwen35(HV, small), HV, small)
-        torch.cuda.empty_cache()
+    each_model("generate", value_heads, left, 60,
+               lambda HV: generate_decode(rows, random_qwen35(HV, small), HV, small))
 
 
 def main() -> int:
