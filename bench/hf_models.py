@@ -478,23 +478,19 @@ def host_synchronisations(run) -> collections.Counter:
 
 def decode_parts_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
     B, Tg = generate_batch(small)
-    for HV in value_heads:
-        if left() < 60:
-            P("budget: decode_parts rows cut")
-            return
-        with torch.no_grad():
-            model = random_qwen35(HV, small)
-            ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
-            run = cached_decode(model, ids, GENERATE["steps"])
-            decode_rows_of(rows, "decode forward (cache)", f"B{B} T{Tg} HV{HV} decode", interleaved_decode(model, run))
-            for name in ("native", "injected, hook_e + hook_Sd"):
-                with DECODE_VARIANTS[name](model):
-                    waits = host_synchronisations(run)
-                    P(f"host synchronisations in one run, {name}, {HV} value heads: {sum(waits.values())}, "
-                      f"at {waits.most_common(5)}")
-                    profile_table(run, f"{name}, {HV} value heads", GENERATE["steps"])
-            del model
-        torch.cuda.empty_cache()
+
+    def one_model(HV: int) -> None:
+        model = random_qwen35(HV, small)
+        ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
+        run = cached_decode(model, ids, GENERATE["steps"])
+        decode_rows_of(rows, "decode forward (cache)", f"B{B} T{Tg} HV{HV} decode", interleaved_decode(model, run))
+        for name in ("native", "injected, hook_e + hook_Sd"):
+            with DECODE_VARIANTS[name](model):
+                waits = host_synchronisations(run)
+                P(f"host synchronisations in one run, {name}, {HV} value heads: {sum(waits.values())}, "
+                  f"at {waits.most_common(5)}")
+                profile_table(run, f"{name}, {HV} value heads", GENERATE["steps"])
+    each_model("decode_parts", value_heads, left, 60, one_model)
 
 
 def each_model(section: str, value_heads, left, needs_s: float, run) -> None:
