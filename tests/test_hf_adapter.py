@@ -238,6 +238,58 @@ def test_free_when_off_calls_the_models_own_function_until_hooked_or_injected(fa
     assert (len(own), len(ours)) == (9 + 3 * 3, 3)  # a prefill and two decode steps, all native
 
 
+@torch.no_grad()
+def test_an_adapted_layer_carries_module_hooks_only_while_it_does_not_run_natively(monkeypatch):
+    """Nothing hooked or injected: the transformers layers have no forward hooks at all (their
+    forward is the same call as unadapted). A hook or an injection attaches a layer's two; removing
+    it detaches them, also from inside that layer's forward (once the forward has ended, with no
+    layer left active: the next hooked pass runs qedprobe's op in that layer alone) and after an
+    exception out of it."""
+    import qedprobe.model.recurrence as recurrence
+    ours = []
+    op = recurrence.qed_attention
+    monkeypatch.setattr(recurrence, "qed_attention", lambda *a, **kw: ours.append(1) or op(*a, **kw))
+    model = adapt(tiny_hf("qwen3_5"))
+    layers = {l: model.recurrence(l).switch.module for l in model.mixer_layers}
+    ids = hf_ids(t=8)
+
+    def hooked_layers():
+        counts = {l: len(m._forward_pre_hooks) + len(m._forward_hooks) for l, m in layers.items()}
+        assert set(counts.values()) <= {0, 2}, counts
+        return [l for l, n in counts.items() if n]
+
+    assert hooked_layers() == []
+    e2 = model.hook_dict["blocks.2.linear_attn.hook_e"]
+    e2.add_hook(lambda e, hook: None)
+    assert hooked_layers() == [2]
+    model.reset_hooks()
+    assert hooked_layers() == []
+    inject_qed(model, 0.1, layers=[3])
+    assert hooked_layers() == [3]
+    inject_qed(model, 0.0)
+    assert hooked_layers() == []
+    with model.hooks(fwd_hooks=[("blocks.0.linear_attn.hook_q", lambda q, hook: None)]):
+        assert hooked_layers() == [0]
+    assert hooked_layers() == []
+
+    e2.add_hook(lambda e, hook: model.reset_hooks())  # removes itself while layer 2 runs
+    model(ids)
+    assert hooked_layers() == [] and ours == [1]
+    model.run_with_hooks(ids, fwd_hooks=[("blocks.2.linear_attn.hook_o", lambda o, hook: None)])
+    assert ours == [1, 1]  # layer 2 alone: no layer was left active
+
+    e2.add_hook(lambda e, hook: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        model(ids)
+    assert hooked_layers() == [2] and model.recurrence(2).switch.tokens == []
+    model.reset_hooks()
+    assert hooked_layers() == []
+    model.detach()
+    assert hooked_layers() == [] and all(model.recurrence(l).switch is None for l in layers)
+    e2.add_hook(lambda e, hook: None)
+    assert hooked_layers() == []
+
+
 def test_injection_selects_layers_and_heads_and_feeds_the_op():
     """arm rand on layer 3, heads 1 and 3: hook_o is qed_naive (float64) on the hooked inputs."""
     model = adapt(tiny_hf("qwen3_5_moe"))

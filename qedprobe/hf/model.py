@@ -96,7 +96,8 @@ class HFQEDModel(HookedModel):
             if device is not None:
                 self.recurrence(l).follow(device)
         route.install(modeling_module_name(self.cfg.model_type), routed_functions(self.cfg.model_type))
-        self._handles = [h for l, mod in layers.items() for h in route.attach(mod, self.recurrence(l))]
+        for l, mod in layers.items():
+            self.recurrence(l).switch = route.LayerSwitch(mod, self.recurrence(l))
         setattr(hf_model, _ADAPTED, True)
         self.setup()
 
@@ -143,9 +144,11 @@ class HFQEDModel(HookedModel):
 
     def detach(self) -> nn.Module:
         """Route the transformers model's recurrences back to transformers and return it."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        for l in self.cfg.linear_layers:
+            recurrence = self.recurrence(l)
+            if recurrence.switch is not None:
+                recurrence.switch.remove()
+                recurrence.switch = None
         setattr(self.hf_model, _ADAPTED, False)
         return self.hf_model
 

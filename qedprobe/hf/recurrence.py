@@ -43,8 +43,9 @@ that epsilon: in (0, 1) for every family except OLMo-Hybrid with ``linear_allow_
 **Free when off**: while a layer has no hook on any of its hook points and its injected lambda
 is 0 (:meth:`LinearAttnRecurrence.runs_native`, decided on the host from the config and the hook
 tables), :mod:`.route` calls the model's own function instead (fla's kernel, FlashQLA through
-fla, or transformers' PyTorch code): the unhooked, uninjected model runs at native speed with
-native outputs.
+fla, or transformers' PyTorch code), and the layer carries no module hook (its
+:class:`~.route.LayerSwitch` attaches them when a hook is added or lambda injected): the
+unhooked, uninjected model runs at native speed with native outputs.
 """
 from __future__ import annotations
 
@@ -61,10 +62,13 @@ class LinearAttnRecurrence(HookedRecurrence):
     :meth:`~qedprobe.hf.HFQEDModel.lambda_scale`, read at every call). ``lam`` ``[Hv]`` and, for
     arm ``rand``, ``z`` ``[Hv, K]`` are buffers (float32, not saved: the injection lives in the
     config); ``injected`` is whether any of this layer's lambdas is non-zero (a host-side bool).
+    ``switch``: the :class:`~qedprobe.hf.route.LayerSwitch` that routes the layer's calls here
+    while it does not run natively (set by the adapted model; None once detached).
     """
 
     def __init__(self, cfg, layer_idx: int, lambda_scale):
-        super().__init__()
+        super().__init__(on_hooks_changed=self.native_changed)
+        self.switch = None
         self.layer_idx = layer_idx
         self.row = cfg.linear_layers.index(layer_idx)
         self.group_size = cfg.group_size
@@ -84,11 +88,18 @@ class LinearAttnRecurrence(HookedRecurrence):
         if cfg.arm == "rand":
             z = random_directions(cfg.num_heads, cfg.head_dim, cfg.rand_seed + self.layer_idx).to(self.lam.device)
         self.z = z
+        self.native_changed()
 
     def runs_native(self) -> bool:
         """Whether this layer's recurrence is the model's own function: nothing injected and no
         hook on any hook point (host-side: no device synchronisation)."""
         return not self.injected and not self.is_hooked()
+
+    def native_changed(self) -> None:
+        """Tell the switch that :meth:`runs_native` may have changed (a hook added or removed, a
+        new injection)."""
+        if self.switch is not None:
+            self.switch.sync()
 
     def follow(self, device: torch.device) -> None:
         """Keep the buffers on ``device``, where the layer's tensors are (a model split over

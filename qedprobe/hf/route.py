@@ -17,11 +17,12 @@ before (transformers' function: fla's kernel when fla is installed and runs on t
 device, else its PyTorch code) unless the calling layer is adapted and not
 :meth:`~qedprobe.hf.recurrence.LinearAttnRecurrence.runs_native` (a hook on one of its hook
 points, or lambda injected), in which case it calls that layer's qedprobe recurrence.
-A layer is "calling" while its ``forward`` runs: :func:`attach` sets it in a context variable
-with a forward pre-hook and clears it with a forward hook that also runs on exceptions. So
-models that were never adapted, in the same process, run exactly as before, and everything else
-of an adapted model (projections, conv, norm, softmax attention, MoE, cache, ``generate``) stays
-transformers'.
+A layer is "calling" while its ``forward`` runs: a :class:`LayerSwitch` sets it in a context
+variable with a forward pre-hook and clears it with a forward hook that also runs on exceptions,
+both attached only while the layer does not run natively. So models that were never adapted, in
+the same process, and adapted layers with nothing hooked or injected run exactly as before, and
+everything else of an adapted model (projections, conv, norm, softmax attention, MoE, cache,
+``generate``) stays transformers'.
 
 The chunk function is the **prefill** phase (a prompt, or a pass without a cache), the
 recurrent one the **decode** phase (one new token continuing the cached state), as for
@@ -60,18 +61,48 @@ def install(module_name: str, routed: dict[str, str]) -> None:
             setattr(mod, name, RecurrenceRoute(fn, phase))
 
 
-def attach(module, recurrence) -> list:
-    """Make ``recurrence`` the active layer while ``module`` (a transformers linear-attention layer)
-    runs its forward; returns the two hook handles (``handle.remove()`` detaches)."""
-    tokens = []
+class LayerSwitch:
+    """Makes ``recurrence`` the active layer while ``module`` (a transformers linear-attention layer)
+    runs its forward, with a forward pre-hook that sets the context variable and a forward hook
+    (run on exceptions too) that resets it. Those two module hooks are attached only while the
+    recurrence does not run natively: an adapted layer with nothing hooked and nothing injected
+    carries none, so its forward is the same call as in a model that was never adapted.
 
-    def enter(mod, args):
-        tokens.append(_ACTIVE.set(recurrence))
+    :meth:`sync` re-decides after every change of the hooks or the injection (the recurrence calls
+    it). A change while the layer's forward runs takes effect when it ends: a hook removed from
+    inside that forward leaves both module hooks in place until the forward hook has reset the
+    context variable, then detaches them; one added there attaches them for the next forward.
+    """
 
-    def leave(mod, args, out):
-        _ACTIVE.reset(tokens.pop())
+    def __init__(self, module, recurrence):
+        self.module, self.recurrence = module, recurrence
+        self.handles, self.tokens = [], []
+        self.sync()
 
-    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave, always_call=True)]
+    def sync(self) -> None:
+        """Attach the module hooks if the recurrence does not run natively; detach them if it does
+        and its layer's forward is not running (else the forward hook detaches them at its end)."""
+        if not self.recurrence.runs_native():
+            if not self.handles:
+                self.handles = [self.module.register_forward_pre_hook(self.enter),
+                                self.module.register_forward_hook(self.leave, always_call=True)]
+        elif not self.tokens:
+            self.remove()
+
+    def enter(self, module, args) -> None:
+        self.tokens.append(_ACTIVE.set(self.recurrence))
+
+    def leave(self, module, args, out) -> None:
+        if self.tokens:  # empty when the hooks were attached while this forward ran
+            _ACTIVE.reset(self.tokens.pop())
+        if not self.tokens and self.recurrence.runs_native():
+            self.remove()
+
+    def remove(self) -> None:
+        """Detach the module hooks (the layer runs as transformers wrote it)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
 
 def torch_function(fn):

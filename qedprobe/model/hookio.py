@@ -10,6 +10,26 @@ import torch
 from transformer_lens.hook_points import HookPoint
 
 
+class WatchedHookPoint(HookPoint):
+    """A ``HookPoint`` that calls ``on_change()`` after TransformerLens adds or removes one of its
+    hooks (``add_hook`` and ``remove_hooks``, which ``hooks``, ``run_with_hooks``,
+    ``run_with_cache`` and ``reset_hooks`` go through), so that its owner can keep something that
+    depends on whether it is hooked up to date instead of asking at every call."""
+
+    def __init__(self, on_change):
+        super().__init__()
+        self.on_change = on_change
+
+    def add_hook(self, *args, **kwargs):
+        handle = super().add_hook(*args, **kwargs)
+        self.on_change()
+        return handle
+
+    def remove_hooks(self, *args, **kwargs) -> None:
+        super().remove_hooks(*args, **kwargs)
+        self.on_change()
+
+
 def has_hook(hook: HookPoint, forward_only: bool = False) -> bool:
     """Whether ``hook`` has a TransformerLens hook (forward or backward, or with ``forward_only``
     a forward one; ``add_hook``, ``hooks``, ``run_with_hooks``, ``run_with_cache``): the lists

@@ -49,7 +49,7 @@ from transformer_lens.hook_points import HookPoint
 from qedprobe.kernels.qed import erase_direction, l2_normalize
 from qedprobe.ops import qed_attention
 
-from .hookio import has_hook, observe, through
+from .hookio import WatchedHookPoint, has_hook, observe, through
 
 
 def _gate_through(hook: HookPoint, x: torch.Tensor, width: int) -> torch.Tensor:
@@ -84,22 +84,25 @@ class RecurrencePoints(NamedTuple):
 class HookedRecurrence(nn.Module):
     """The hook points of one recurrence and :meth:`recur`, which runs them around the op."""
 
-    def __init__(self):
+    def __init__(self, on_hooks_changed=None):
+        """``on_hooks_changed``: called after a hook is added to or removed from one of the hook
+        points (they are then :class:`~.hookio.WatchedHookPoint`); None: plain ``HookPoint``."""
         super().__init__()
+        point = HookPoint if on_hooks_changed is None else (lambda: WatchedHookPoint(on_hooks_changed))
         # Inputs of the recurrence: writable (a hook's return value is what the op uses).
-        self.hook_q = HookPoint()  # [B, T, H, K] before the op's L2 norm, one copy per value head
-        self.hook_k = HookPoint()  # [B, T, H, K] idem
-        self.hook_v = HookPoint()  # [B, T, H, V]
-        self.hook_b = HookPoint()  # [B, T, H, K] erase gate ([B, T, H] where the model's is scalar)
-        self.hook_w = HookPoint()  # [B, T, H, V] write gate ([B, T, H] where the model's is scalar)
-        self.hook_g = HookPoint()  # [B, T, H, K] log-decay ([B, T, H] where the model's is scalar)
-        self.hook_lambda = HookPoint()  # [H], or [B, T, H] when a hook returns per-token values
-        self.hook_d = HookPoint()  # [B, T, H, K] erase direction (computed only when hooked)
-        self.hook_o = HookPoint()  # [B, T, H, V] output of the recurrence
+        self.hook_q = point()  # [B, T, H, K] before the op's L2 norm, one copy per value head
+        self.hook_k = point()  # [B, T, H, K] idem
+        self.hook_v = point()  # [B, T, H, V]
+        self.hook_b = point()  # [B, T, H, K] erase gate ([B, T, H] where the model's is scalar)
+        self.hook_w = point()  # [B, T, H, V] write gate ([B, T, H] where the model's is scalar)
+        self.hook_g = point()  # [B, T, H, K] log-decay ([B, T, H] where the model's is scalar)
+        self.hook_lambda = point()  # [H], or [B, T, H] when a hook returns per-token values
+        self.hook_d = point()  # [B, T, H, K] erase direction (computed only when hooked)
+        self.hook_o = point()  # [B, T, H, V] output of the recurrence
         # Probes of the recurrence: read-only observations (requested only when hooked).
-        self.hook_rho = HookPoint()  # [B, T, H] q_hat . k_hat
-        self.hook_Sd = HookPoint()  # [B, T, H, V] S_bar^T d (mixed case: the probe's name "Sd")
-        self.hook_e = HookPoint()  # [B, T, H] erase eigenvalue 1 - a . k_hat
+        self.hook_rho = point()  # [B, T, H] q_hat . k_hat
+        self.hook_Sd = point()  # [B, T, H, V] S_bar^T d (mixed case: the probe's name "Sd")
+        self.hook_e = point()  # [B, T, H] erase eigenvalue 1 - a . k_hat
         self._points = RecurrencePoints(self.hook_q, self.hook_k, self.hook_v, self.hook_b, self.hook_w,
                                         self.hook_g, self.hook_lambda, self.hook_d, self.hook_rho, self.hook_Sd,
                                         self.hook_e, self.hook_o)
