@@ -273,3 +273,26 @@ def test_gpu_long_against_naive(form):
         assert_close(f"{op.__name__} final state", got[1], ref[1], 1e-4)
         for name in ("rho", "d", "Sd", "e"):
             assert_close(f"{op.__name__} {name}", got[2][name], ref[2][name], 1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("probes", [False, True])
+@pytest.mark.parametrize("D", [16, 32])
+def test_gpu_narrow_float32_heads_against_naive(D, probes):
+    """float32, K = V = 16 and 32 (a tiny model's heads: value blocks narrower than 32), with and
+    without probes: the scalar-gate path against float64 qed_naive (its output kernel's launch rule
+    must give a configuration that compiles to in-bounds code, ``chunk_scan.scalar_output_config``)."""
+    gen = torch.Generator().manual_seed(2)
+    x = dict(q=torch.randn(1, 64, 2, D, generator=gen), k=torch.randn(1, 64, 2, D, generator=gen),
+             v=torch.randn(1, 64, 4, D, generator=gen), g=-0.1 * torch.rand(1, 64, 4, generator=gen),
+             b=torch.rand(1, 64, 4, generator=gen))
+    x = {n: t.cuda() for n, t in x.items()}
+    lam = torch.full((4,), 0.1, device="cuda")
+    kw = dict(arm="full", output_final_state=True, return_probes=probes, use_qk_l2norm=True)
+    args = [x[n] for n in ("q", "k", "v", "g", "b", "b")]
+    got = qed_chunk(*args, lam, **kw)
+    ref = qed_naive(*(t.double() for t in args), lam.double(), **kw)
+    assert_close("o", got[0], ref[0], 1e-4)
+    assert_close("final state", got[1], ref[1], 1e-4)
+    for name in ref[2] if probes else ():
+        assert_close(name, got[2][name], ref[2][name], 1e-4)

@@ -349,10 +349,13 @@ def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tupl
     whole value axis up to 128 in 4 warps, with probes or without (with them the ``2 BT`` stacked
     rows ``[q_hat; d]`` go through the products once per chunk rather than once per value block; on
     an H100 4 warps are faster than 8 or value blocks of 64, docs/BENCHMARKS.md); float32 / float64
-    tiles as :func:`output_config`, unpipelined."""
+    tiles as :func:`output_config`, unpipelined, but in 4 warps where the value block is narrower
+    than 32: in 8 warps Triton's code for the ``[BT, 16]`` products reads shared memory out of
+    bounds on an H100 (compute-sanitizer; an illegal memory access at K = V = 16)."""
     if inter_dtype == torch.bfloat16:
         return min(128, triton.next_power_of_2(V)), 4, 1
-    return (*output_config(V, inter_dtype, probes), 1)
+    BV, num_warps = output_config(V, inter_dtype, probes)
+    return BV, num_warps if BV >= 32 else 4, 1
 
 
 def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=None,
