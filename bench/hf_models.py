@@ -28,9 +28,10 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   each timed by a stopping criterion that reads a synchronised clock after every token). A decode
   step of this model is bound by the host's launches (about 5 ms of GPU work in 30 ms), whose
   speed drifts between runs by more than the targets' margins, so the three variants are
-  measured in alternating rounds (the model adapted and detached again in each) and each row is
-  the median over all rounds' steps (each round's median, minimum and maximum per variant printed
-  to the log, so that a disturbed round shows).
+  measured in eight alternating rounds (the model adapted and detached again in each): each row's
+  ``ms`` is the median of its rounds' medians and its ratio the median over rounds of its round's
+  median over native's in the same round, so that a drift between rounds cancels (each round's
+  median, minimum and maximum per variant printed to the log, so that a disturbed round shows).
 * ``generate``: the ``decoder`` section's decode-step rows alone, without its prefill rows.
 * ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
@@ -103,10 +104,14 @@ class Rows:
         self.path, self.rows = path, []
         self.meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=commit)
 
-    def add(self, name, shape, got, native=None):
+    def add(self, name, shape, got, native=None, ratio=None):
+        """``got``, ``native``: ``(ms, peak GB or None)``; ``ratio``: the row's ratio where it is not
+        ``ms / native ms`` (the decode rows' paired per-round ratio)."""
         (t, peak), (nt, npeak) = got, native or (None, None)
+        ratio = ratio if ratio is not None else (t / nt if nt else None)
         r = dict(name=name, shape=shape, ms=round(t, 4), native_ms=round(nt, 4) if nt else None,
-                 ratio=round(t / nt, 4) if nt else None, peak_gb=round(peak, 3) if peak is not None else None,
+                 ratio=round(ratio, 4) if ratio is not None else None,
+                 peak_gb=round(peak, 3) if peak is not None else None,
                  native_peak_gb=round(npeak, 3) if npeak is not None else None, **self.meta)
         self.rows.append(r)
         P(f"{name:48s} {shape:26s} {t:8.3f} ms" + (f"  native {nt:8.3f}  ratio {r['ratio']:.3f}" if nt else ""))
@@ -376,12 +381,13 @@ DECODE_VARIANTS = {"native": native, "adapted, nothing hooked": adapted_unhooked
 that variant (adapted with that op mode)."""
 
 
-def interleaved_decode(model, measure, rounds: int = 3, op_mode: str = "auto", unit: str = "ms") -> dict[str, float]:
-    """``{variant: median}`` of ``measure()`` (a list of step times in ``unit``) inside each of
-    :data:`DECODE_VARIANTS` of ``model`` (adapted with ``op_mode``), in turn in each of ``rounds``
-    rounds (after one round of warm-up), so that the host's drifts, which move a launch-bound
-    decode step by more than the targets' margins between runs, fall on the three alike. Each
-    round's median, minimum and maximum per variant is logged."""
+def interleaved_decode(model, measure, rounds: int = 8, op_mode: str = "auto", unit: str = "ms") -> dict[str, list]:
+    """``{variant: [median of measure() in each round]}`` (``measure()``: a list of step times in
+    ``unit``) inside each of :data:`DECODE_VARIANTS` of ``model`` (adapted with ``op_mode``), in
+    turn in each of ``rounds`` rounds (after one round of warm-up, not returned): the host's
+    drifts, which move a launch-bound decode step by more than the targets' margins within a run,
+    then fall on the variants of one round alike, and :func:`decode_rows_of` compares them round
+    by round. Each round's median, minimum and maximum per variant is logged."""
     got = {name: [] for name in DECODE_VARIANTS}
     for r in range(1 + rounds):
         for name, variant in DECODE_VARIANTS.items():
@@ -391,15 +397,22 @@ def interleaved_decode(model, measure, rounds: int = 3, op_mode: str = "auto", u
               f"median {statistics.median(times):.3f} {unit}, min {min(times):.3f}, max {max(times):.3f}, "
               f"{len(times)} steps")
             if r:
-                got[name] += times
-    return {name: statistics.median(t) for name, t in got.items()}
+                got[name].append(statistics.median(times))
+    return got
 
 
-def decode_rows_of(rows: Rows, label: str, shape: str, ms: dict[str, float]) -> None:
-    """One row per :data:`DECODE_VARIANTS` entry of ``ms``, each against the native one."""
-    native = (ms["native"], None)
+def decode_rows_of(rows: Rows, label: str, shape: str, rounds: dict[str, list]) -> None:
+    """One row per :data:`DECODE_VARIANTS` entry of ``rounds`` (:func:`interleaved_decode`'s round
+    medians): ``ms`` the median of its rounds, ``ratio`` the median over rounds of its round's
+    figure over native's in the same round (paired: a drift between rounds cancels)."""
+    native = rounds["native"]
     for name in DECODE_VARIANTS:
-        rows.add(f"{label} ({name})", shape, (ms[name], None), None if name == "native" else native)
+        ms = statistics.median(rounds[name])
+        if name == "native":
+            rows.add(f"{label} ({name})", shape, (ms, None))
+            continue
+        paired = statistics.median(t / n for t, n in zip(rounds[name], native, strict=True))
+        rows.add(f"{label} ({name})", shape, (ms, None), (statistics.median(native), None), ratio=paired)
 
 
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -267,12 +268,12 @@ def hf_decoder_layer_host_paths(B: int = 8, HV: int = 16, calls: int = 200, roun
             cache = model(torch.randint(2, cfg.vocab_size, (B, 8)), use_cache=True).cache
             x = torch.randn(B, 1, cfg.hidden_size, dtype=torch.bfloat16)
             step = lambda: layer(hidden_states=x, cache=cache, attention_mask=None, use_cache=True)  # noqa: E731
-            us = hf_models.interleaved_decode(model, lambda: [_host_us(step, calls)], rounds, op_mode="recurrent",
-                                            unit="us")
+            per_round = hf_models.interleaved_decode(model, lambda: [_host_us(step, calls)], rounds,
+                                                     op_mode="recurrent", unit="us")
     finally:
         torch.set_num_threads(threads)
     return {"B": B, "H": cfg.linear_num_key_heads, "HV": cfg.linear_num_value_heads, "K": cfg.linear_key_head_dim,
-            "layer_step_us": us}
+            "layer_step_us": {name: statistics.median(us) for name, us in per_round.items()}}
 
 
 def main() -> int:
