@@ -3,9 +3,10 @@
 #
 #   scripts/gpu_tests.sh --out DIR [--fla-backward] [--timeout 600] [--python "python3 -P"] [-- PYTEST ARGS]
 #
-# Runs `pytest -k "gpu or GPU or cuda_graph"` on the kernel, decode and fast-path tests (the
-# chunked forward and backward against float64 `qed_naive` and fla, `qed_recurrent`, the
-# CUDA-graph decode, the compiled fast path) into OUT/gpu_tests.log. A kernel fault poisons the
+# Runs `pytest -k "gpu or GPU or cuda_graph"` on the kernel, decode, fast-path and real-model tests
+# (the chunked forward and backward against float64 `qed_naive` and fla, `qed_recurrent`, the
+# CUDA-graph decode, the compiled fast path, the per-head and KDA gates, the transformers families
+# through the Triton path) into OUT/gpu_tests.log. A kernel fault poisons the
 # process's CUDA context, so every later test of that process fails with it: each test that failed
 # with an illegal memory access is then rerun alone with synchronous launches (the traceback
 # names the faulting launch), under compute-sanitizer's memcheck where the machine has it, into
@@ -36,7 +37,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 TESTS=$(cd "$(dirname "$0")/../tests" && pwd)
 FILES=("$TESTS"/test_chunk.py "$TESTS"/test_chunk_bwd.py "$TESTS"/test_fused_recurrent.py
-       "$TESTS"/test_decode_fast.py "$TESTS"/test_fast_path.py)
+       "$TESTS"/test_decode_fast.py "$TESTS"/test_fast_path.py "$TESTS"/test_head_gates.py
+       "$TESTS"/test_hf_adapter.py)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu_tests.log"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu_tests.log"
 # From a scratch folder, so that a source checkout in the working directory is not imported.
