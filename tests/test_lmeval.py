@@ -155,7 +155,7 @@ def test_strength_on_gdn2_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: the compiled fast path and CUDA-graph decode steps")
-def test_cuda_fast_path_answers_as_the_plain_path():
+def test_gpu_fast_path_answers_as_the_plain_path():
     """On CUDA a QEDModel runs the fast path; ``eager=true`` the plain one: the same greedy answers
     on the prompts the checkpoint was trained for, scores to float32 rounding."""
     docs = niah_docs(4)
