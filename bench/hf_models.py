@@ -406,13 +406,14 @@ def decode_rows_of(rows: Rows, label: str, shape: str, rounds: dict[str, list]) 
     medians): ``ms`` the median of its rounds, ``ratio`` the median over rounds of its round's
     figure over native's in the same round (paired: a drift between rounds cancels)."""
     native = rounds["native"]
+    native_ms = statistics.median(native)
     for name in DECODE_VARIANTS:
         ms = statistics.median(rounds[name])
         if name == "native":
             rows.add(f"{label} ({name})", shape, (ms, None))
             continue
         paired = statistics.median(t / n for t, n in zip(rounds[name], native, strict=True))
-        rows.add(f"{label} ({name})", shape, (ms, None), (statistics.median(native), None), ratio=paired)
+        rows.add(f"{label} ({name})", shape, (ms, None), (native_ms, None), ratio=paired)
 
 
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")

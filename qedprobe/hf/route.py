@@ -95,8 +95,7 @@ class LayerSwitch:
     def leave(self, module, args, out) -> None:
         if self.tokens:  # empty when the hooks were attached while this forward ran
             _ACTIVE.reset(self.tokens.pop())
-        if not self.tokens and self.recurrence.runs_native():
-            self.remove()
+        self.sync()  # what changed while the forward ran
 
     def remove(self) -> None:
         """Detach the module hooks (the layer runs as transformers wrote it)."""
