@@ -119,6 +119,20 @@ def store_tile(ptr, x, rows, m_r, cols, m_c, stride):
 
 
 @triton.jit
+def normalised_tile(ptr, rn, rows, m_r, cols, m_c, stride, rn_stride, rn_offset, DT: tl.constexpr,
+                    OUT: tl.constexpr):
+    """The ``[rows, cols]`` tile of raw vectors at ``ptr`` (row stride ``stride``) times each row's
+    reciprocal norm at ``rn + rn_offset`` (row stride ``rn_stride``; ``rn`` ``None``: unscaled),
+    formed in ``DT`` and rounded to ``OUT``: bit for bit the tile a kernel that normalised the rows
+    with those factors and stored them as ``OUT`` would have written, without that write and its
+    read."""
+    x = load_tile(ptr, rows, m_r, cols, m_c, stride, DT)
+    if rn is not None:
+        x = x * tl.load(rn + rn_offset + rows * rn_stride, mask=m_r, other=0.).to(DT)[:, None]
+    return x.to(OUT)
+
+
+@triton.jit
 def gate_head(ptr, i_hv, N: tl.constexpr, HEAD: tl.constexpr):
     """A gate's pointer moved to value head ``i_hv``: channel ``i_hv * N`` of a per-channel
     ``[B * T, HV, N]`` gate, or element ``i_hv`` of a per-head ``[B * T, HV]`` one (``HEAD``)."""

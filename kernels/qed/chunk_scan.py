@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile, scan_program,
-                           scan_ranges)
+from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile,
+                           normalised_tile, scan_program, scan_ranges)
 from .chunk_intra import raw_direction
 
 
@@ -288,7 +288,7 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_output_kernel(
-    qn, kn, gc, b, cp, z, d_in, hs, r, o, sd,
+    q, rq, kn, gc, b, cp, z, d_in, hs, r, o, sd,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
@@ -307,7 +307,7 @@ def qed_scalar_output_kernel(
     r0 = bos + i_t * BT
     m_t = o_t < eos - r0
     m_s = t_s < eos - r0
-    qn += r0 * (H * K) + i_h * K
+    q += r0 * (H * K) + i_h * K
     kn += r0 * (H * K) + i_h * K
     gc += r0 * HV + i_hv
     b_k = load_tile(kn, o_t, m_t, o_k, m_k, H * K, kn.dtype.element_ty)
@@ -322,7 +322,7 @@ def qed_scalar_output_kernel(
             z += i_hv * K
         if d_in is not None:
             d_in += i_hv * K
-        b_q = load_tile(qn, t_s, m_s, o_k, m_k, H * K, DT)
+        b_q = normalised_tile(q, rq, t_s, m_s, o_k, m_k, H * K, H, r0 * H + i_h, DT, kn.dtype.element_ty).to(DT)
         b_ks = load_tile(kn, t_s, m_s, o_k, m_k, H * K, DT)
         bx = tl.load(b + p, mask=m_s, other=0.).to(DT)
         c = tl.load(cp + p, mask=m_s, other=0.).to(DT)
@@ -331,7 +331,7 @@ def qed_scalar_output_kernel(
         G_s = tl.load(gc + t_s * HV, mask=m_s, other=0.).to(DT)
         keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
     else:
-        b_x = load_tile(qn, o_t, m_t, o_k, m_k, H * K, qn.dtype.element_ty)
+        b_x = normalised_tile(q, rq, o_t, m_t, o_k, m_k, H * K, H, r0 * H + i_h, DT, kn.dtype.element_ty)
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
     dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
@@ -362,9 +362,9 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
                       config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: value heads x chunks x value blocks,
     :func:`~.chunk_common.heads_first`) of the scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T
-    * Dec) R)`` from the Gram stage's normalised queries and keys (``intra``:
-    ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T`` formed here rather than stored; with
-    ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
+    * Dec) R)`` from the raw queries scaled by the Gram stage's reciprocal norms, its normalised
+    keys (``intra``: ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T`` formed here rather than
+    stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
     ``x`` (``chunk_intra.DirectionInputs``). For the probe each program builds ``d = bx x - c k_hat``
     in registers and stacks it under ``q_hat``: the ``2 BT`` rows ``[q_hat; d]`` go through the same
     three products as ``q_hat`` alone (``X S0``, ``X K^T``, ``(X K^T * Dec) R``), causal including
@@ -375,7 +375,7 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
     BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)
     grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
     qed_scalar_output_kernel[grid](
-        qn=intra.qn, kn=intra.kn, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
+        q=x.q, rq=intra.rq, kn=intra.kn, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
         DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps,
