@@ -17,10 +17,12 @@ multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``
 and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
 
 ``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
-the chunk once, normalises them (the keys stored in the products' dtype for the later stages, as
-fla's ``l2norm`` kernel; of the queries only the reciprocal norms: the W/U and output stages read
-the raw queries, which they load anyway, and scale them, :func:`~.chunk_common.normalised_tile`,
-so that the normalised queries never go through memory), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
+the chunk once, normalises them and stores only their reciprocal norms: the later stages read
+the raw ``q, k``, which they load anyway, and fold the norms into a per-row factor they apply
+anyway (the decay of the state scan's residuals, the erase vector's ``alpha, gamma``, the score
+matrix's columns) or scale the tile (:func:`~.chunk_common.normalised_tile`), so that the normalised
+vectors, which fla's ``l2norm`` kernel writes and its later kernels read, never go through
+memory. It forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
 of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
 stages) and ``A_kk`` (:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
 and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
@@ -34,21 +36,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
+from .chunk_common import TL_DTYPES, BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
 from .chunk_intra import DirectionInputs, row_lam
 
 
 @dataclass(frozen=True)
 class ScalarGram:
-    """What the Gram stage writes for the later stages: ``kn`` ``[B, T, H, K]`` (normalised keys,
-    products' dtype), ``rq`` ``[B, T, H]`` (the queries' reciprocal norms, state dtype; ``None``
-    without the L2 norm); per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``),
+    """What the Gram stage writes for the later stages: ``rq, rk`` ``[B, T, H]`` (the queries' and
+    keys' reciprocal norms, state dtype; ``None`` without the L2 norm); per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``),
     ``alpha, gamma``. Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype. (The scores ``A_kk`` are returned beside it: only the
     block inverse reads them.)"""
 
-    kn: torch.Tensor
     rq: torch.Tensor | None
+    rk: torch.Tensor | None
     gc: torch.Tensor
     alpha: torch.Tensor
     gamma: torch.Tensor
@@ -93,10 +94,10 @@ def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_gram_kernel(
     q, k, g, b, lam, z, d_in,
-    kn, rq, gc, alpha, gamma, akk, rho, eig, cp, d_out,
+    rq, rk, gc, alpha, gamma, akk, rho, eig, cp, d_out,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
+    IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     WRITE_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
@@ -112,12 +113,13 @@ def qed_scalar_gram_kernel(
         r_q = 1. / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)
         tl.store(rq + rows * H + i_h, r_q.to(rq.dtype.element_ty), mask=m_t)
         b_q = b_q * r_q[:, None]
-        b_k = b_k * (1. / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6))[:, None]
+        r_k = 1. / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)
+        tl.store(rk + rows * H + i_h, r_k.to(rk.dtype.element_ty), mask=m_t)
+        b_k = b_k * r_k[:, None]
     kk = tl.sum(b_k * b_k, 1)
     qk = tl.sum(b_q * b_k, 1)
-    store_tile(kn + i_h * K, b_k, rows, m_t, o_k, m_k, H * K)
-    c_q = b_q.to(kn.dtype.element_ty)
-    c_k = b_k.to(kn.dtype.element_ty)
+    c_q = b_q.to(IT)
+    c_k = b_k.to(IT)
     KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT)
     XK_q = tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) if DIR_SOURCE == "q" else KK * 0.
     strict = o_t[:, None] > o_t[None, :]
@@ -178,8 +180,8 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     HV = g.shape[2]
     dev, st = g.device, lay.state_dtype
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
-    out = ScalarGram(kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
-                     rq=torch.empty(B, T, H, device=dev, dtype=st) if x.l2norm else None,
+    norms = lambda: torch.empty(B, T, H, device=dev, dtype=st) if x.l2norm else None  # noqa: E731
+    out = ScalarGram(rq=norms(), rk=norms(),
                      gc=row(), alpha=row(), gamma=row(),
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
@@ -187,10 +189,10 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     grid, first = heads_first((lay.grid[0], lay.grid[1] * H // HV))
     qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
-        kn=out.kn, rq=out.rq, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
+        rq=out.rq, rk=out.rk, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
         rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
+        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
     )
