@@ -122,20 +122,6 @@ def store_tile(ptr, x, rows, m_r, cols, m_c, stride):
 
 
 @triton.jit
-def normalised_tile(ptr, rn, rows, m_r, cols, m_c, stride, rn_stride, rn_offset, DT: tl.constexpr,
-                    OUT: tl.constexpr):
-    """The ``[rows, cols]`` tile of raw vectors at ``ptr`` (row stride ``stride``) times each row's
-    reciprocal norm at ``rn + rn_offset`` (row stride ``rn_stride``; ``rn`` ``None``: unscaled),
-    formed in ``DT`` and rounded to ``OUT``: bit for bit the tile a kernel that normalised the rows
-    with those factors and stored them as ``OUT`` would have written, without that write and its
-    read."""
-    x = load_tile(ptr, rows, m_r, cols, m_c, stride, DT)
-    if rn is not None:
-        x = x * row_factors(rn, rows, m_r, rn_stride, rn_offset, DT)[:, None]
-    return x.to(OUT)
-
-
-@triton.jit
 def row_factors(rn, rows, m_r, rn_stride, rn_offset, DT: tl.constexpr):
     """Per-row factors ``[rows]`` at ``rn + rn_offset`` (row stride ``rn_stride``) as ``DT``; ones
     where ``rn`` is ``None`` (inputs taken as already normalised)."""

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile,
-                           normalised_tile, row_factors, scan_program, scan_ranges)
+                           row_factors, scan_program, scan_ranges)
 from .chunk_intra import raw_direction
 
 
@@ -331,22 +331,28 @@ def qed_scalar_output_kernel(
             z += i_hv * K
         if d_in is not None:
             d_in += i_hv * K
-        b_q = normalised_tile(q, rq, t_s, m_s, o_k, m_k, H * K, H, r0 * H + i_h, DT, IT).to(DT)
+        b_q = load_tile(q, t_s, m_s, o_k, m_k, H * K, DT)
+        r_x = row_factors(rq, t_s, m_s, H, r0 * H + i_h, DT)
         b_ks = load_tile(k, t_s, m_s, o_k, m_k, H * K, DT)
         bx = tl.load(b + p, mask=m_s, other=0.).to(DT)
         c = tl.load(cp + p, mask=m_s, other=0.).to(DT)
-        x = raw_direction(b_q, bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        x = raw_direction(b_q * r_x[:, None], bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE,
+                          DIR_GATED, DT)
         c_k = c * row_factors(rk, t_s, m_s, H, r0 * H + i_h, DT)
         b_x = tl.where(top[:, None], b_q, x - c_k[:, None] * b_ks).to(IT)
+        r_x = tl.where(top, r_x, 1.)
         G_s = tl.load(gc + t_s * HV, mask=m_s, other=0.).to(DT)
         keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
     else:
-        b_x = normalised_tile(q, rq, o_t, m_t, o_k, m_k, H * K, H, r0 * H + i_h, DT, IT)
+        b_x = load_tile(q, o_t, m_t, o_k, m_k, H * K, IT)
+        r_x = row_factors(rq, o_t, m_t, H, r0 * H + i_h, DT)
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
-    dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.)) * b_rk[None, :]  # k_j's norm with its decay
+    # the raw rows' norms (queries; 1 for directions) and the raw keys' enter with the decays
+    dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.)) * (r_x[:, None] * b_rk[None, :])
     b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(b_r.dtype)
-    b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
+    b_o = (tl.dot(b_x, b_h, input_precision=PREC) * (exp(G_s) * r_x)[:, None]
+           + tl.dot(b_a, b_r, input_precision=PREC))
     p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
     m_o = m_s[:, None] & m_v[None, :]
     tl.store(o + p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_o & top[:, None])

@@ -27,8 +27,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_position, exp, gate_head,
-                           gate_tile, heads_first, load_tile, normalised_tile, row_factors,
-                           store_tile)
+                           gate_tile, heads_first, load_tile, row_factors, store_tile)
 
 WY_BKS = 32
 """Key slice of the W/U kernel."""
@@ -252,12 +251,13 @@ def qed_scalar_wy_kernel(
     ex = exp(tl.load(gc + p, mask=m_t, other=0.).to(DT))
     b_al = tl.load(alpha + p, mask=m_t, other=0.).to(DT) * ex * row_factors(rk, rows, m_t, H, i_h, DT)
     b_ga = tl.load(gamma + p, mask=m_t, other=0.).to(DT) * ex
+    if DIR_SOURCE == "q":
+        b_ga *= row_factors(rq, rows, m_t, H, i_h, DT)
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
         b_ag = b_al[:, None] * load_tile(k + i_h * K, rows, m_t, cols, m_c, H * K, DT)
         if DIR_SOURCE == "q":
-            q_hat = normalised_tile(q + i_h * K, rq, rows, m_t, cols, m_c, H * K, H, i_h, DT, w.dtype.element_ty)
-            b_ag += b_ga[:, None] * q_hat.to(DT)
+            b_ag += b_ga[:, None] * load_tile(q + i_h * K, rows, m_t, cols, m_c, H * K, DT)
         elif DIR_SOURCE == "z":
             b_ag += b_ga[:, None] * tl.load(z + i_hv * K + cols, mask=m_c, other=0.).to(DT)[None, :]
         elif DIR_SOURCE == "d":
@@ -272,8 +272,8 @@ def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tens
     """Launch ``qed_scalar_wy_kernel`` (grid: value heads x chunks,
     :func:`~.chunk_common.heads_first`): ``W = Ai (a e^G)`` with the erase vector ``a = alpha
     k_hat + gamma x`` built from the raw keys and queries in ``x`` (``chunk_intra.DirectionInputs``),
-    the Gram stage's reciprocal norms (the keys' folded into ``alpha``) and per-row ``alpha, gamma,
-    G`` and the arm's direction source, and ``U = Ai (w v)``; ``W, U`` in ``ai``'s dtype.
+    the Gram stage's reciprocal norms (folded into ``alpha`` and ``gamma``) and per-row ``alpha,
+    gamma, G`` and the arm's direction source, and ``U = Ai (w v)``; ``W, U`` in ``ai``'s dtype.
     ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
     B, T, H, K = x.k.shape
     bs, num_warps, num_stages = config or (SCALAR_WY_SLICE, WY_WARPS, 1)

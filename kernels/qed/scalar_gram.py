@@ -18,11 +18,10 @@ and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_h
 
 ``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
 the chunk once, normalises them and stores only their reciprocal norms: the later stages read
-the raw ``q, k``, which they load anyway, and fold the norms into a per-row factor they apply
-anyway (the decay of the state scan's residuals, the erase vector's ``alpha, gamma``, the score
-matrix's columns) or scale the tile (:func:`~.chunk_common.normalised_tile`), so that the normalised
-vectors, which fla's ``l2norm`` kernel writes and its later kernels read, never go through
-memory. It forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
+the raw ``q, k``, which they load anyway, and fold the norms into per-row factors they apply
+anyway (the decay of the state scan's residuals, the erase vector's ``alpha, gamma``, the decays
+of the output stage's scores and state term), so that the normalised vectors, which fla's
+``l2norm`` kernel writes and its later kernels read, never go through memory. It forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
 of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
 stages) and ``A_kk`` (:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
 and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
