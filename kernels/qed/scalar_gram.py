@@ -21,8 +21,9 @@ the chunk once, normalises them and stores only their reciprocal norms: the late
 the raw ``q, k``, which they load anyway, and fold the norms into per-row factors they apply
 anyway (the decay of the state scan's residuals, the erase vector's ``alpha, gamma``, the decays
 of the output stage's scores and state term), so that the normalised vectors, which fla's
-``l2norm`` kernel writes and its later kernels read, never go through memory. It forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
-of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
+``l2norm`` kernel writes and its later kernels read, never go through memory. It forms ``K K^T``
+and ``Q K^T`` once (of the raw tiles as loaded, rows and columns scaled by the norms' factors
+afterwards), then for each of the ``HV / H`` value heads of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
 stages) and ``A_kk`` (:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
 and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
 any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
@@ -59,11 +60,13 @@ class ScalarGram:
 
 
 @triton.jit
-def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr, K: tl.constexpr,
-                     DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _direction_tiles(z, d_in, b_q, b_k, c_k, r_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr,
+                     K: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """For value head ``i_hv``: ``(x, xk, XK)`` = the raw direction tile ``[BT, BK]`` (``DT``),
     ``x_t . k_hat_t`` per row and ``XK[t, j] = x_t . k_hat_j`` (the query/key head's ``Q K^T`` for
-    a direction from ``q``; for ``z`` one row broadcast; for a given ``d`` its own product)."""
+    a direction from ``q``; for ``z`` one row broadcast; for a given ``d`` its product with the raw
+    keys ``c_k``, columns scaled by their reciprocal norms ``r_k``). ``b_q, b_k``: the normalised
+    queries and keys (``DT``)."""
     if DIR_SOURCE == "z":
         zz = tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)
         x = b_k * 0. + zz[None, :]
@@ -72,9 +75,9 @@ def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV
     elif DIR_SOURCE == "d":
         x = load_tile(d_in + i_hv * K, rows, m_t, o_k, m_k, HV * K, DT)
         xk = tl.sum(x * b_k, 1)
-        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT)
+        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT) * r_k[None, :]
     elif DIR_SOURCE == "q":
-        x = c_q.to(DT)
+        x = b_q
         xk = tl.sum(x * b_k, 1)
         XK = XK_q
     else:
@@ -96,7 +99,8 @@ def qed_scalar_gram_kernel(
     rq, rk, gc, alpha, gamma, akk, rho, eig, cp, d_out,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
+    IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+    DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     WRITE_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
@@ -106,8 +110,12 @@ def qed_scalar_gram_kernel(
     m_t = rows < eos
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
-    b_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+    c_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, IT)
+    c_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, IT)
+    b_q = c_q.to(DT)
+    b_k = c_k.to(DT)
+    r_q = tl.full([BT], 1., DT)
+    r_k = tl.full([BT], 1., DT)
     if L2NORM:
         r_q = 1. / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)
         tl.store(rq + rows * H + i_h, r_q.to(rq.dtype.element_ty), mask=m_t)
@@ -117,10 +125,10 @@ def qed_scalar_gram_kernel(
         b_k = b_k * r_k[:, None]
     kk = tl.sum(b_k * b_k, 1)
     qk = tl.sum(b_q * b_k, 1)
-    c_q = b_q.to(IT)
-    c_k = b_k.to(IT)
-    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT)
-    XK_q = tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) if DIR_SOURCE == "q" else KK * 0.
+    # the raw tiles' products, normalised afterwards (rows and columns scaled by the norms' factors)
+    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT) * (r_k[:, None] * r_k[None, :])
+    XK_q = (tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) * (r_q[:, None] * r_k[None, :])
+            if DIR_SOURCE == "q" else KK * 0.)
     strict = o_t[:, None] > o_t[None, :]
     M: tl.constexpr = HV // H
     for i in range(M):
@@ -129,8 +137,8 @@ def qed_scalar_gram_kernel(
         G = tl.cumsum(tl.load(g + p, mask=m_t, other=0.).to(DT), 0)
         b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
         b_l = row_lam(lam + i_hv, rows, m_t, HV, LAM_TOKEN, DT)
-        x, xk, XK = _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE, DT,
-                                     PREC)
+        x, xk, XK = _direction_tiles(z, d_in, b_q, b_k, c_k, r_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE,
+                                     DT, PREC)
         bx = b_b if DIR_GATED else b_b * 0. + 1.
         c = bx * xk if DIR_PROJECTED else xk * 0.
         b_al = b_b - b_l * c
