@@ -155,12 +155,12 @@ def compile_state(io: str, prec: str, H: int, HV: int, K: int, V: int, BV: int, 
                   row_decay: bool):
     """``qed_state_kernel`` at one configuration: per-channel decay (``kg, gl`` per value head) or,
     with ``row_decay``, the scalar-gate path's (keys of the q/k head, ``G`` per row)."""
-    keys = dict(kg=f"*{io}", rk="*fp32", gc="*fp32") if row_decay else dict(kg=f"*{io}", gl="*fp32")
+    keys = dict(kg=f"*{io}", gc="*fp32") if row_decay else dict(kg=f"*{io}", gl="*fp32")
     compile_(qed_state_kernel,
              dict(w=f"*{io}", u=f"*{io}", h0="*fp32", hs=f"*{io}", r=f"*{io}", ht="*fp32", T="i32", **keys),
              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=tl.float32, PREC=prec,
                   WHILE_LOOP=False, USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, ROW_DECAY=row_decay,
-                  cu_seqlens=None, chunk_offsets=None, **({"gl": None} if row_decay else {"gc": None, "rk": None})),
+                  cu_seqlens=None, chunk_offsets=None, **({"gl": None} if row_decay else {"gc": None})),
              warps, stages)
 
 
@@ -178,10 +178,10 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
     common = dict(H=H, HV=HV, K=K, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                   chunk_indices=None)
     compile_(scalar_gram.qed_scalar_gram_kernel,
-             dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", rq="*fp32", rk="*fp32", gc="*fp32",
+             dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", qn=f"*{io}", kn=f"*{io}", gc="*fp32",
                   alpha="*fp32", gamma="*fp32", akk=f"*{scores}", T="i32",
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
-             dict(common, BK=triton.next_power_of_2(K), IT=tl.float32 if fp32 else tl.bfloat16, L2NORM=True, **FULL, LAM_TOKEN=False, PROBES=probes,
+             dict(common, BK=triton.next_power_of_2(K), L2NORM=True, **FULL, LAM_TOKEN=False, PROBES=probes,
                   WRITE_D=probes, z=None, d_in=None, HEADS_FIRST=True, **absent("rho", "eig", "cp", "d_out")),
              warps or scalar_gram.gram_warps(K))
     if not probes:
@@ -189,8 +189,8 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                  dict(HV=HV, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                       chunk_indices=None, HEADS_FIRST=True), warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_scalar_wy_kernel,
-                 dict(q=f"*{io}", k=f"*{io}", rq="*fp32", rk="*fp32", gc="*fp32", alpha="*fp32", gamma="*fp32",
-                      v=f"*{io}", w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
+                 dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", alpha="*fp32", gamma="*fp32", v=f"*{io}",
+                      w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
                  dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
                       DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True), warps or chunk_wy.WY_WARPS)
         for scans in (1 << 20, 64, 1):
@@ -199,7 +199,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
             compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
     BV, nw, stages = scalar_output_config(V, dtype, probes)
     compile_(qed_scalar_output_kernel,
-             dict(q=f"*{io}", k=f"*{io}", rq="*fp32", rk="*fp32", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
+             dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
                   scale="fp32", **opt(cp="*fp32", sd="*fp32")),
              dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE="q", DIR_GATED=True, PROBES=probes,
                   z=None, d_in=None, HEADS_FIRST=True, **absent("cp", "sd")),

@@ -26,29 +26,26 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile,
-                           row_factors, scan_program, scan_ranges)
+from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile, scan_program,
+                           scan_ranges)
 from .chunk_intra import raw_direction
 
 
 @triton.jit
-def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, rk, gl, gc, hs, r,
+def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                 STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, ROW_DECAY: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
-    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the raw keys of the
-    query/key head (row stride ``H * K``), ``rk`` their reciprocal norms (row stride ``H``; ``None``:
-    normalised already) and ``gc`` the within-chunk cumsum ``G`` per row: the residuals are scaled
-    by ``rk e^{G_last - G}`` before the key product (in the state dtype, then rounded once to the
-    products' dtype), so ``K^T (rk r) = K_hat^T r`` without normalised keys in memory, and the state
-    by ``e^{G_last}``."""
+    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys
+    of the query/key head (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row:
+    the residuals are scaled by ``e^{G_last - G}`` before the key product (in the state dtype, then
+    rounded once to the products' dtype), and the state by ``e^{G_last}``."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
              S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     b_w = tl.load(w + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
-    b_kg = tl.load(kg + rows[:, None] * ((H if ROW_DECAY else HV) * K) + o_k[None, :], mask=m_tk,
-                   other=0.).to(b_w.dtype)
+    b_kg = tl.load(kg + rows[:, None] * ((H if ROW_DECAY else HV) * K) + o_k[None, :], mask=m_tk, other=0.)
     b_u = tl.load(u + rows[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.).to(DT)
     if ROW_DECAY:
         b_G = tl.load(gc + rows * HV, mask=m_t, other=0.).to(DT)
@@ -59,8 +56,7 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, r
     if STORE_R:
         tl.store(r + rows[:, None] * (HV * V) + o_v[None, :], b_r.to(r.dtype.element_ty), mask=m_tv)
     if ROW_DECAY:
-        b_rk = row_factors(rk, rows, m_t, H, 0, DT)
-        b_rd = (b_r * tl.where(m_t, exp(b_gl - b_G) * b_rk, 0.)[:, None]).to(b_w.dtype)
+        b_rd = (b_r * tl.where(m_t, exp(b_gl - b_G), 0.)[:, None]).to(b_w.dtype)
         out = S * exp(b_gl) + tl.dot(tl.trans(b_kg), b_rd, input_precision=PREC)
     else:
         out = S * b_gl[:, None] + tl.dot(tl.trans(b_kg), b_r.to(b_w.dtype), input_precision=PREC)
@@ -76,7 +72,7 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, r
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_state_kernel(
-    w, u, kg, rk, gl, gc, h0, hs, r, ht,
+    w, u, kg, gl, gc, h0, hs, r, ht,
     cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -94,8 +90,6 @@ def qed_state_kernel(
     if ROW_DECAY:
         kg += (i_hv // (HV // H)) * K
         gc += i_hv
-        if rk is not None:
-            rk += i_hv // (HV // H)
     else:
         kg += i_hv * K
     u += i_hv * V
@@ -104,12 +98,12 @@ def qed_state_kernel(
     if WHILE_LOOP:  # the interpreter (numpy >= 2.4) cannot take a tensor as range() bound
         i_t = 0
         while i_t < NT:
-            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, rk, gl, gc, hs, r,
+            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
                             H, HV, K, V, BT, STORE_R, DT, PREC, ROW_DECAY)
             i_t += 1
     else:
         for i_t in range(NT):
-            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, rk, gl, gc, hs, r,
+            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
                             H, HV, K, V, BT, STORE_R, DT, PREC, ROW_DECAY)
     if STORE_HT:
         p_h = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
@@ -242,15 +236,14 @@ def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, 
     return (min(64, triton.next_power_of_2(V)), 4) if probes else (min(128, triton.next_power_of_2(V)), 8)
 
 
-def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, rk=None, r=None, h0=None, ht=None, T: int,
-                    N: int,
+def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=None, ht=None, T: int, N: int,
                     config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_state_kernel`` (grid: value blocks x sequences x value heads): writes the
     chunk-start states ``hs`` ``[NC, HV, K, V]`` and, when given, the residuals ``r``
     ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states. Keys and decay:
     ``kg = k e^{G_last - G}`` per value head and ``gl = e^{G_last}``, or (the scalar-gate path)
-    ``kg`` the raw keys ``[B, T, H, K]``, ``rk`` their reciprocal norms ``[B, T, H]`` (``None``:
-    normalised already), ``gc`` the per-row ``G`` ``[B, T, HV]`` and ``gl`` None. ``config``
+    ``kg`` the normalised keys ``[B, T, H, K]``, ``gc`` the per-row ``G`` ``[B, T, HV]`` and
+    ``gl`` None. ``config``
     ``(BV, num_warps, num_stages)`` overrides :func:`state_config` (for screening configurations,
     ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
@@ -258,7 +251,7 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, rk=None, r=N
     BV, num_warps, num_stages = config or state_config(K, V, w.dtype, scans=N * HV, sm_count=multiprocessors(w.device),
                                                        row_decay=gc is not None)
     qed_state_kernel[(triton.cdiv(V, BV), N * HV)](
-        w=w, u=u, kg=kg, rk=rk, gl=gl, gc=gc, h0=h0, hs=hs, r=r, ht=ht,
+        w=w, u=u, kg=kg, gl=gl, gc=gc, h0=h0, hs=hs, r=r, ht=ht,
         cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T,
         H=kg.shape[2], HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=lay.DT, PREC=lay.prec,
         WHILE_LOOP=lay.interpreting, num_warps=num_warps, num_stages=num_stages,
@@ -295,7 +288,7 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_output_kernel(
-    q, k, rq, rk, gc, b, cp, z, d_in, hs, r, o, sd,
+    qn, kn, gc, b, cp, z, d_in, hs, r, o, sd,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
@@ -314,12 +307,10 @@ def qed_scalar_output_kernel(
     r0 = bos + i_t * BT
     m_t = o_t < eos - r0
     m_s = t_s < eos - r0
-    q += r0 * (H * K) + i_h * K
-    k += r0 * (H * K) + i_h * K
+    qn += r0 * (H * K) + i_h * K
+    kn += r0 * (H * K) + i_h * K
     gc += r0 * HV + i_hv
-    IT: tl.constexpr = r.dtype.element_ty
-    b_k = load_tile(k, o_t, m_t, o_k, m_k, H * K, IT)
-    b_rk = row_factors(rk, o_t, m_t, H, r0 * H + i_h, DT)
+    b_k = load_tile(kn, o_t, m_t, o_k, m_k, H * K, kn.dtype.element_ty)
     b_h = load_tile(hs + (i_g * HV + i_hv) * K * V, o_k, m_k, o_v, m_v, V, hs.dtype.element_ty)
     b_r = load_tile(r + r0 * (HV * V) + i_hv * V, o_t, m_t, o_v, m_v, HV * V, r.dtype.element_ty)
     b_G = tl.load(gc + o_t * HV, mask=m_t, other=0.).to(DT)
@@ -331,28 +322,21 @@ def qed_scalar_output_kernel(
             z += i_hv * K
         if d_in is not None:
             d_in += i_hv * K
-        b_q = load_tile(q, t_s, m_s, o_k, m_k, H * K, DT)
-        r_x = row_factors(rq, t_s, m_s, H, r0 * H + i_h, DT)
-        b_ks = load_tile(k, t_s, m_s, o_k, m_k, H * K, DT)
+        b_q = load_tile(qn, t_s, m_s, o_k, m_k, H * K, DT)
+        b_ks = load_tile(kn, t_s, m_s, o_k, m_k, H * K, DT)
         bx = tl.load(b + p, mask=m_s, other=0.).to(DT)
         c = tl.load(cp + p, mask=m_s, other=0.).to(DT)
-        x = raw_direction(b_q * r_x[:, None], bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE,
-                          DIR_GATED, DT)
-        c_k = c * row_factors(rk, t_s, m_s, H, r0 * H + i_h, DT)
-        b_x = tl.where(top[:, None], b_q, x - c_k[:, None] * b_ks).to(IT)
-        r_x = tl.where(top, r_x, 1.)
+        x = raw_direction(b_q, bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        b_x = tl.where(top[:, None], b_q, x - c[:, None] * b_ks).to(b_k.dtype)
         G_s = tl.load(gc + t_s * HV, mask=m_s, other=0.).to(DT)
         keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
     else:
-        b_x = load_tile(q, o_t, m_t, o_k, m_k, H * K, IT)
-        r_x = row_factors(rq, o_t, m_t, H, r0 * H + i_h, DT)
+        b_x = load_tile(qn, o_t, m_t, o_k, m_k, H * K, qn.dtype.element_ty)
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
-    # the raw rows' norms (queries; 1 for directions) and the raw keys' enter with the decays
-    dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.)) * (r_x[:, None] * b_rk[None, :])
+    dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
     b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(b_r.dtype)
-    b_o = (tl.dot(b_x, b_h, input_precision=PREC) * (exp(G_s) * r_x)[:, None]
-           + tl.dot(b_a, b_r, input_precision=PREC))
+    b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
     p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
     m_o = m_s[:, None] & m_v[None, :]
     tl.store(o + p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_o & top[:, None])
@@ -378,20 +362,20 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
                       config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: value heads x chunks x value blocks,
     :func:`~.chunk_common.heads_first`) of the scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T
-    * Dec) R)`` from the raw queries and keys and the Gram stage's reciprocal norms (``intra``:
-    ``scalar_gram.ScalarGram``; the keys' folded into ``Dec``'s columns) and ``G``, with ``Q K^T`` formed here rather than
-    stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
+    * Dec) R)`` from the Gram stage's normalised queries and keys (``intra``:
+    ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T`` formed here rather than stored; with
+    ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
     ``x`` (``chunk_intra.DirectionInputs``). For the probe each program builds ``d = bx x - c k_hat``
     in registers and stacks it under ``q_hat``: the ``2 BT`` rows ``[q_hat; d]`` go through the same
     three products as ``q_hat`` alone (``X S0``, ``X K^T``, ``(X K^T * Dec) R``), causal including
     the diagonal for ``o`` and strictly causal for ``Sd``. ``config`` ``(BV, num_warps, num_stages)``
     overrides the rule (for screening configurations)."""
-    B, T, H, K = x.k.shape
+    B, T, H, K = intra.kn.shape
     HV, V = r.shape[2], r.shape[-1]
-    BV, num_warps, num_stages = config or scalar_output_config(V, r.dtype, sd is not None)
+    BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)
     grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
     qed_scalar_output_kernel[grid](
-        q=x.q, k=x.k, rq=intra.rq, rk=intra.rk, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
+        qn=intra.qn, kn=intra.kn, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
         DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps,

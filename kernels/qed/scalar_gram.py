@@ -17,13 +17,9 @@ multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``
 and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
 
 ``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
-the chunk once, normalises them and stores only their reciprocal norms: the later stages read
-the raw ``q, k``, which they load anyway, and fold the norms into per-row factors they apply
-anyway (the decay of the state scan's residuals, the erase vector's ``alpha, gamma``, the decays
-of the output stage's scores and state term), so that the normalised vectors, which fla's
-``l2norm`` kernel writes and its later kernels read, never go through memory. It forms ``K K^T``
-and ``Q K^T`` once (of the raw tiles as loaded, rows and columns scaled by the norms' factors
-afterwards), then for each of the ``HV / H`` value heads of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
+the chunk once, normalises them (stored in the products' dtype for the later stages, as fla's
+``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
+of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
 stages) and ``A_kk`` (:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
 and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
 any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
@@ -36,20 +32,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import TL_DTYPES, BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
+from .chunk_common import BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
 from .chunk_intra import DirectionInputs, row_lam
 
 
 @dataclass(frozen=True)
 class ScalarGram:
-    """What the Gram stage writes for the later stages: ``rq, rk`` ``[B, T, H]`` (the queries' and
-    keys' reciprocal norms, state dtype; ``None`` without the L2 norm); per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``),
+    """What the Gram stage writes for the later stages: ``qn, kn`` ``[B, T, H, K]`` (normalised,
+    products' dtype); per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``),
     ``alpha, gamma``. Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype. (The scores ``A_kk`` are returned beside it: only the
     block inverse reads them.)"""
 
-    rq: torch.Tensor | None
-    rk: torch.Tensor | None
+    qn: torch.Tensor
+    kn: torch.Tensor
     gc: torch.Tensor
     alpha: torch.Tensor
     gamma: torch.Tensor
@@ -60,13 +56,11 @@ class ScalarGram:
 
 
 @triton.jit
-def _direction_tiles(z, d_in, b_q, b_k, c_k, r_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr,
-                     K: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr, K: tl.constexpr,
+                     DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """For value head ``i_hv``: ``(x, xk, XK)`` = the raw direction tile ``[BT, BK]`` (``DT``),
     ``x_t . k_hat_t`` per row and ``XK[t, j] = x_t . k_hat_j`` (the query/key head's ``Q K^T`` for
-    a direction from ``q``; for ``z`` one row broadcast; for a given ``d`` its product with the raw
-    keys ``c_k``, columns scaled by their reciprocal norms ``r_k``). ``b_q, b_k``: the normalised
-    queries and keys (``DT``)."""
+    a direction from ``q``; for ``z`` one row broadcast; for a given ``d`` its own product)."""
     if DIR_SOURCE == "z":
         zz = tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)
         x = b_k * 0. + zz[None, :]
@@ -75,9 +69,9 @@ def _direction_tiles(z, d_in, b_q, b_k, c_k, r_k, XK_q, rows, m_t, o_k, m_k, i_h
     elif DIR_SOURCE == "d":
         x = load_tile(d_in + i_hv * K, rows, m_t, o_k, m_k, HV * K, DT)
         xk = tl.sum(x * b_k, 1)
-        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT) * r_k[None, :]
+        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT)
     elif DIR_SOURCE == "q":
-        x = b_q
+        x = c_q.to(DT)
         xk = tl.sum(x * b_k, 1)
         XK = XK_q
     else:
@@ -96,11 +90,10 @@ def _direction_tiles(z, d_in, b_q, b_k, c_k, r_k, XK_q, rows, m_t, o_k, m_k, i_h
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_gram_kernel(
     q, k, g, b, lam, z, d_in,
-    rq, rk, gc, alpha, gamma, akk, rho, eig, cp, d_out,
+    qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
-    DIR_PROJECTED: tl.constexpr,
+    L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     WRITE_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
@@ -110,25 +103,19 @@ def qed_scalar_gram_kernel(
     m_t = rows < eos
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    c_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, IT)
-    c_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, IT)
-    b_q = c_q.to(DT)
-    b_k = c_k.to(DT)
-    r_q = tl.full([BT], 1., DT)
-    r_k = tl.full([BT], 1., DT)
+    b_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+    b_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
     if L2NORM:
-        r_q = 1. / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)
-        tl.store(rq + rows * H + i_h, r_q.to(rq.dtype.element_ty), mask=m_t)
-        b_q = b_q * r_q[:, None]
-        r_k = 1. / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)
-        tl.store(rk + rows * H + i_h, r_k.to(rk.dtype.element_ty), mask=m_t)
-        b_k = b_k * r_k[:, None]
+        b_q = b_q * (1. / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6))[:, None]
+        b_k = b_k * (1. / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6))[:, None]
     kk = tl.sum(b_k * b_k, 1)
     qk = tl.sum(b_q * b_k, 1)
-    # the raw tiles' products, normalised afterwards (rows and columns scaled by the norms' factors)
-    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT) * (r_k[:, None] * r_k[None, :])
-    XK_q = (tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) * (r_q[:, None] * r_k[None, :])
-            if DIR_SOURCE == "q" else KK * 0.)
+    store_tile(qn + i_h * K, b_q, rows, m_t, o_k, m_k, H * K)
+    store_tile(kn + i_h * K, b_k, rows, m_t, o_k, m_k, H * K)
+    c_q = b_q.to(qn.dtype.element_ty)
+    c_k = b_k.to(kn.dtype.element_ty)
+    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT)
+    XK_q = tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) if DIR_SOURCE == "q" else KK * 0.
     strict = o_t[:, None] > o_t[None, :]
     M: tl.constexpr = HV // H
     for i in range(M):
@@ -137,8 +124,8 @@ def qed_scalar_gram_kernel(
         G = tl.cumsum(tl.load(g + p, mask=m_t, other=0.).to(DT), 0)
         b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
         b_l = row_lam(lam + i_hv, rows, m_t, HV, LAM_TOKEN, DT)
-        x, xk, XK = _direction_tiles(z, d_in, b_q, b_k, c_k, r_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE,
-                                     DT, PREC)
+        x, xk, XK = _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE, DT,
+                                     PREC)
         bx = b_b if DIR_GATED else b_b * 0. + 1.
         c = bx * xk if DIR_PROJECTED else xk * 0.
         b_al = b_b - b_l * c
@@ -187,8 +174,8 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     HV = g.shape[2]
     dev, st = g.device, lay.state_dtype
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
-    norms = lambda: torch.empty(B, T, H, device=dev, dtype=st) if x.l2norm else None  # noqa: E731
-    out = ScalarGram(rq=norms(), rk=norms(),
+    out = ScalarGram(qn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
+                     kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
                      gc=row(), alpha=row(), gamma=row(),
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
@@ -196,10 +183,10 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     grid, first = heads_first((lay.grid[0], lay.grid[1] * H // HV))
     qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
-        rq=out.rq, rk=out.rk, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
+        qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
         rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
+        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
     )
