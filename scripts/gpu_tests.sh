@@ -36,6 +36,10 @@ done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 TESTS=$(cd "$(dirname "$0")/../tests" && pwd)
+# test_fast_path's trained-model test reads this checkpoint; a tree copied without checkpoints/ would fail it.
+TRAINED=$(dirname "$TESTS")/checkpoints/recall-full-s1/model.safetensors
+[[ -f $TRAINED ]] || die "needs $TRAINED (a sparse tree must keep it: git sparse-checkout set --no-cone" \
+    "'/*' '!/checkpoints/' '/checkpoints/recall-full-s1/')"
 FILES=("$TESTS"/test_chunk.py "$TESTS"/test_chunk_bwd.py "$TESTS"/test_fused_recurrent.py
        "$TESTS"/test_decode_fast.py "$TESTS"/test_fast_path.py "$TESTS"/test_head_gates.py
        "$TESTS"/test_hf_adapter.py)
