@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Time several versions of the kernels side by side on one GPU, each in a process of its own:
 #
-#   scripts/kernel_versions.sh build --trees DIR NAME=COMMIT ...       # in a git checkout
-#   scripts/kernel_versions.sh time --trees DIR --out DIR [--timeout 150] [--python "python3 -P"] \
-#       [-- bench/kernel_times.py ARGS]                                  # on the GPU machine
+#   scripts/kernel_versions.sh build --trees DIR NAME=COMMIT[+PATCH] ...   # in a git checkout
+#   scripts/kernel_versions.sh time --trees DIR --out DIR [--bench bench/kernel_times.py] [--rounds 1] \
+#       [--timeout 150] [--python "python3 -P"] [-- BENCH ARGS]            # on the GPU machine
 #
 # build: an importable package tree of qedprobe per argument, DIR/<NAME>/qedprobe with kernels/
 #   and hooks/ inside it as the wheel lays them out, from `git archive COMMIT` (COMMIT "WORK": the
-#   working tree as it is now), e.g. `build --trees .trees before=2918ba2 head=WORK`. Copy DIR to
-#   the GPU machine with the working tree if it has no git history.
-# time: for every tree of DIR, `bench/kernel_times.py` with that tree first on PYTHONPATH, into
-#   OUT/kernels-<NAME>.json and .log, then each tree's forward rows. The default benchmark
-#   arguments are `--quick --parts` (the main shape, probes off and on, the order check, per-kernel
-#   times, forward + backward, fla in the same process); `-- --quick --parts --no-fla --fla-ms 2.011
-#   --fla-fwd-bwd-ms 11.18` reuses fla's times instead of measuring them in every process.
+#   working tree as it is now) with, after a "+", a patch applied to its qedprobe/, kernels/ and
+#   hooks/ files (a change kept as a patch file, e.g. under docs/results/), e.g.
+#   `build --trees .trees before=2918ba2 head=WORK` or `norms=105e64e+docs/results/X/norms.patch`.
+#   Copy DIR to the GPU machine with the working tree if it has no git history.
+# time: for every tree of DIR, the benchmark script `--bench` (of this checkout; default
+#   bench/kernel_times.py) with that tree first on PYTHONPATH, into OUT/<script>-<NAME>.json and
+#   .log, then each tree's rows; with `--rounds N` the trees take turns N times (files
+#   OUT/<script>-<NAME>-r<R>.*), so that a drift of the machine touches every tree alike. The
+#   default arguments of bench/kernel_times.py are `--quick --parts` (the main shape, probes off
+#   and on, the order check, per-kernel times, forward + backward, fla in the same process);
+#   `-- --quick --parts --no-fla --fla-ms 2.011 --fla-fwd-bwd-ms 11.18` reuses fla's times instead
+#   of measuring them in every process. `--bench bench/hf_models.py -- --sections op --op-shapes
+#   8x4096` times the real-model op against fla in each process (its rows' ratios are printed).
 # Changing a launch constant is a version like any other: edit it in the working tree and build
 # `head=WORK` beside the commit before it.
 set -uo pipefail
@@ -26,35 +32,50 @@ build() {  # build NAME=COMMIT ...: DIR/<NAME>/qedprobe for each
     (($#)) || die "build needs NAME=COMMIT arguments"
     for arg in "$@"; do
         [[ $arg == *=* ]] || die "build: '$arg' is not NAME=COMMIT"
-        name=${arg%%=*} commit=${arg#*=} dest=$TREES/${arg%%=*}
+        name=${arg%%=*} commit=${arg#*=} dest=$TREES/${arg%%=*} patch=""
+        if [[ $commit == *+* ]]; then
+            patch=$(cd "$REPO" && realpath -e "${commit#*+}") || die "$name: no patch file ${commit#*+}"
+            commit=${commit%%+*}
+        fi
         rm -rf "$dest" && mkdir -p "$dest/src"
         if [[ $commit == WORK ]]; then
             (cd "$REPO" && cp -r qedprobe kernels hooks "$dest/src/")
         else
             git -C "$REPO" archive "$commit" qedprobe kernels hooks | tar -x -C "$dest/src" || die "no commit $commit"
         fi
+        if [[ -n $patch ]]; then
+            (cd "$dest/src" && git apply --include='qedprobe/*' --include='kernels/*' --include='hooks/*' "$patch") \
+                || die "$name: $patch does not apply to $commit"
+        fi
         mv "$dest/src/qedprobe" "$dest/qedprobe"
         mv "$dest/src/kernels" "$dest/src/hooks" "$dest/qedprobe/"
         rm -rf "$dest/src"
         find "$dest" -name __pycache__ -prune -exec rm -rf {} +
-        echo "$name: $commit ($(du -sh "$dest" | cut -f1))"
+        echo "$name: $commit${patch:+ + $patch} ($(du -sh "$dest" | cut -f1))"
     done
 }
 
-time_trees() {  # time [ARGS of bench/kernel_times.py]: every tree of DIR in its own process
-    local tree name args=("$@")
-    ((${#args[@]})) || args=(--quick --parts)
+time_trees() {  # time [BENCH ARGS]: every tree of DIR in its own process, ROUNDS times
+    local tree name round file stem script args=("$@")
+    script=$(cd "$REPO" && realpath -e "$BENCH") || die "--bench: no script $BENCH"
+    stem=$(basename "$script" .py)
+    [[ $stem == kernel_times && ${#args[@]} -eq 0 ]] && args=(--quick --parts)
     [[ -n $OUT ]] || die "time needs --out DIR"
+    [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds: expected a positive integer, got '$ROUNDS'"
     mkdir -p "$OUT"
     OUT=$(cd "$OUT" && pwd)
     cd "$(mktemp -d)" || exit 1  # a source checkout in the working directory is not imported
-    for tree in "$TREES"/*/; do
-        name=$(basename "$tree")
-        # shellcheck disable=SC2086
-        PYTHONPATH=${tree%/}${PYTHONPATH:+:$PYTHONPATH} timeout "$TIMEOUT" $PY "$REPO/bench/kernel_times.py" \
-            "${args[@]}" --commit "$name" --json "$OUT/kernels-$name.json" > "$OUT/kernels-$name.log" 2>&1
-        echo "== $name (exit $?)"
-        grep -E "^\| (qed_chunk|  qed)" "$OUT/kernels-$name.log" | cut -c1-110
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for tree in "$TREES"/*/; do
+            name=$(basename "$tree")
+            file=$OUT/$stem-$name
+            ((ROUNDS > 1)) && file+=-r$round
+            # shellcheck disable=SC2086
+            PYTHONPATH=${tree%/}${PYTHONPATH:+:$PYTHONPATH} timeout "$TIMEOUT" $PY "$script" \
+                "${args[@]}" --commit "$name" --json "$file.json" > "$file.log" 2>&1
+            echo "== $name${file##*-$name} (exit $?)"
+            grep -E "^\| (qed_chunk|  qed)|ratio" "$file.log" | cut -c1-130
+        done
     done
 }
 
@@ -62,14 +83,17 @@ MODE=${1:-}
 [[ $MODE == -h || $MODE == --help ]] && usage
 [[ $MODE == build || $MODE == time ]] || die "first argument: build or time (--help)"
 shift
-TREES="" OUT="" TIMEOUT=150 PY="python3 -P" REST=()
+TREES="" OUT="" TIMEOUT=150 PY="python3 -P" BENCH=bench/kernel_times.py ROUNDS=1 REST=()
 while (($#)); do
     case $1 in
         -h | --help) usage ;;
         --) shift; REST+=("$@"); break ;;
-        --trees | --out | --timeout | --python)
+        --trees | --out | --timeout | --python | --bench | --rounds)
             [[ $# -ge 2 ]] || die "$1 needs a value"
-            case $1 in --trees) TREES=$2 ;; --out) OUT=$2 ;; --timeout) TIMEOUT=$2 ;; --python) PY=$2 ;; esac
+            case $1 in
+                --trees) TREES=$2 ;; --out) OUT=$2 ;; --timeout) TIMEOUT=$2 ;; --python) PY=$2 ;;
+                --bench) BENCH=$2 ;; --rounds) ROUNDS=$2 ;;
+            esac
             shift 2 ;;
         --*) die "unknown argument '$1' (--help lists them)" ;;
         *) REST+=("$1"); shift ;;
