@@ -244,7 +244,9 @@ def test_an_adapted_layer_carries_module_hooks_only_while_it_does_not_run_native
     forward is the same call as unadapted). A hook or an injection attaches a layer's two; removing
     it detaches them, also from inside that layer's forward (once the forward has ended, with no
     layer left active: the next hooked pass runs qedprobe's op in that layer alone) and after an
-    exception out of it."""
+    exception out of it. A hook put with torch's ``register_forward_hook`` attaches them too and
+    fires; removed by its handle (which calls nothing back), the layer runs natively at its next
+    forward and detaches them."""
     import qedprobe.model.recurrence as recurrence
     ours = []
     op = recurrence.qed_attention
@@ -277,6 +279,15 @@ def test_an_adapted_layer_carries_module_hooks_only_while_it_does_not_run_native
     assert hooked_layers() == [] and ours == [1]
     model.run_with_hooks(ids, fwd_hooks=[("blocks.2.linear_attn.hook_o", lambda o, hook: None)])
     assert ours == [1, 1]  # layer 2 alone: no layer was left active
+
+    seen = []  # torch's own hook on a hook point: attached, fired, and once removed by its handle, detached after
+    handle = model.hook_dict["blocks.0.linear_attn.hook_e"].register_forward_hook(lambda m, a, out: seen.append(out))
+    assert hooked_layers() == [0]
+    model(ids)
+    assert len(seen) == 1 and ours == [1, 1, 1]
+    handle.remove()
+    model(ids)  # layer 0 runs natively again (the switch learns it in this forward) and detaches
+    assert hooked_layers() == [] and ours == [1, 1, 1] and len(seen) == 1
 
     e2.add_hook(lambda e, hook: 1 / 0)
     with pytest.raises(ZeroDivisionError):

@@ -107,9 +107,10 @@ def test_hook_name_builds_every_hook_point_name():
 
 
 def test_has_hook_reads_what_hook_point_has_hooks_reads():
-    """``hookio.has_hook`` (the hook lists, read at every decode step) answers as TransformerLens'
+    """``hookio.has_hook`` (the hook dicts, read at every decode step) answers as TransformerLens'
     ``HookPoint.has_hooks`` with its defaults, for both directions and forward only, with
-    temporary and permanent hooks, before and after their removal."""
+    temporary and permanent hooks, before and after their removal; and counts torch's own hooks
+    too, which ``has_hooks`` does not."""
     from transformer_lens.hook_points import HookPoint
 
     from qedprobe.model.hookio import has_hook
@@ -125,6 +126,39 @@ def test_has_hook_reads_what_hook_point_has_hooks_reads():
     assert ours() == lens() == (True, True)
     hp.remove_hooks(dir="both", including_permanent=True)
     assert ours() == lens() == (False, False)
+    # torch's own hooks, which TransformerLens' lists do not hold, count too
+    for register, want in ((hp.register_forward_hook, (True, True)), (hp.register_forward_pre_hook, (True, True)),
+                           (hp.register_full_backward_hook, (True, False))):
+        handle = register(lambda *args: None)
+        assert ours() == want and lens() == (False, False)
+        handle.remove()
+        assert ours() == (False, False)
+
+
+def test_torch_hooks_on_hook_points_fire_as_transformer_lens_hooks_do():
+    """A hook put on a hook point with torch's ``register_forward_hook`` (or a pre-hook) sees and
+    replaces what a TransformerLens hook there sees and replaces; the model counts as hooked (no
+    fast path) while it is there."""
+    from qedprobe.model.hooked import hooks_attached
+    model = tiny()
+    x = ids()
+    _, cache = model.run_with_cache(x)
+    seen = []
+    handle = model.blocks[1].attn.hook_e.register_forward_hook(lambda mod, args, out: seen.append(out))
+    assert hooks_attached(model)
+    plain = model(x)
+    handle.remove()
+    assert not hooks_attached(model)
+    torch.testing.assert_close(seen[0], cache["blocks.1.attn.hook_e"])
+    torch.testing.assert_close(plain, model(x))
+    turn = lambda q: q.roll(1, dims=-1)  # noqa: E731  (a new direction: q is L2-normalised in the op)
+    want = model.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_q", lambda q, hook: turn(q))])
+    assert (want - plain).abs().max() > 0.1
+    for register, hook in ((model.blocks[0].attn.hook_q.register_forward_hook, lambda mod, args, out: turn(out)),
+                           (model.blocks[0].attn.hook_q.register_forward_pre_hook, lambda mod, args: (turn(args[0]),))):
+        handle = register(hook)
+        torch.testing.assert_close(model(x), want)
+        handle.remove()
 
 
 def test_recurrence_points_are_its_registered_hook_points():

@@ -19,6 +19,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.utilities import Slice
 
+from .hookio import has_hook
 from .tokens import TokenMethods
 
 
@@ -50,8 +51,9 @@ def hook_name(name: str, layer: int | None = None, mixer_name: str = "attn") -> 
 
 
 def hooks_attached(model) -> bool:
-    """Whether any hook point of ``model`` has a hook (forward or backward)."""
-    return any(hp.has_hooks() for hp in model.hook_dict.values())
+    """Whether any hook point of ``model`` has a hook (forward or backward; TransformerLens' or
+    torch's own, :func:`~.hookio.has_hook`)."""
+    return any(has_hook(hp) for hp in model.hook_dict.values())
 
 
 class HookedModel(TokenMethods, HookedRootModule):

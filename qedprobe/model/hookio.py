@@ -11,17 +11,30 @@ from transformer_lens.hook_points import HookPoint
 
 
 class WatchedHookPoint(HookPoint):
-    """A ``HookPoint`` that calls ``on_change()`` after TransformerLens adds or removes one of its
-    hooks (``add_hook`` and ``remove_hooks``, which ``hooks``, ``run_with_hooks``,
-    ``run_with_cache`` and ``reset_hooks`` go through), so that its owner can keep something that
-    depends on whether it is hooked up to date instead of asking at every call."""
+    """A ``HookPoint`` that calls ``on_change()`` after a hook is registered on it (torch's
+    ``register_forward_hook``, ``register_forward_pre_hook``, ``register_full_backward_hook``, which
+    TransformerLens' ``add_hook`` goes through too) and after TransformerLens removes its hooks
+    (``remove_hooks``: ``hooks``, ``run_with_hooks``, ``run_with_cache``, ``reset_hooks``), so that
+    its owner can keep something that depends on whether it is hooked up to date instead of asking
+    at every call. (A torch hook removed by its own handle calls nothing back: the owner learns of
+    it when it next asks :func:`has_hook`.)"""
 
     def __init__(self, on_change):
         super().__init__()
         self.on_change = on_change
 
-    def add_hook(self, *args, **kwargs):
-        handle = super().add_hook(*args, **kwargs)
+    def register_forward_hook(self, *args, **kwargs):
+        handle = super().register_forward_hook(*args, **kwargs)
+        self.on_change()
+        return handle
+
+    def register_forward_pre_hook(self, *args, **kwargs):
+        handle = super().register_forward_pre_hook(*args, **kwargs)
+        self.on_change()
+        return handle
+
+    def register_full_backward_hook(self, *args, **kwargs):
+        handle = super().register_full_backward_hook(*args, **kwargs)
         self.on_change()
         return handle
 
@@ -31,12 +44,16 @@ class WatchedHookPoint(HookPoint):
 
 
 def has_hook(hook: HookPoint, forward_only: bool = False) -> bool:
-    """Whether ``hook`` has a TransformerLens hook (forward or backward, or with ``forward_only``
-    a forward one; ``add_hook``, ``hooks``, ``run_with_hooks``, ``run_with_cache``): the lists
-    ``HookPoint.has_hooks`` reads, without its per-handle filtering (which its defaults do not
-    use), because a launch-bound decode step asks this of every hook point of every layer at
-    every token."""
-    return bool(hook.fwd_hooks) if forward_only else bool(hook.fwd_hooks or hook.bwd_hooks)
+    """Whether ``hook`` has a hook (forward or backward, or with ``forward_only`` a forward one):
+    TransformerLens' (``add_hook``, ``hooks``, ``run_with_hooks``, ``run_with_cache``) or one
+    registered with torch's own ``register_forward_hook`` / ``register_forward_pre_hook`` /
+    ``register_full_backward_hook``, which TransformerLens' lists do not hold and which would
+    otherwise never fire (the hook point is not called where it has no hook). Reads the module's
+    hook dicts, where both kinds are, directly: a launch-bound decode step asks this of every hook
+    point of every layer at every token."""
+    if hook._forward_hooks or hook._forward_pre_hooks:
+        return True
+    return not forward_only and bool(hook._backward_hooks)
 
 
 def through(hook: HookPoint, x: torch.Tensor, *shapes: tuple) -> torch.Tensor:
