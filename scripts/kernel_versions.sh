@@ -41,11 +41,12 @@ build() {  # build NAME=COMMIT ...: DIR/<NAME>/qedprobe for each
         if [[ $commit == WORK ]]; then
             (cd "$REPO" && cp -r qedprobe kernels hooks "$dest/src/")
         else
-            git -C "$REPO" archive "$commit" qedprobe kernels hooks | tar -x -C "$dest/src" || die "no commit $commit"
+            git -C "$REPO" archive "$commit" qedprobe kernels hooks | tar -x -C "$dest/src" \
+                || { rm -rf "$dest"; die "no commit $commit"; }
         fi
         if [[ -n $patch ]]; then
             (cd "$dest/src" && git apply --include='qedprobe/*' --include='kernels/*' --include='hooks/*' "$patch") \
-                || die "$name: $patch does not apply to $commit"
+                || { rm -rf "$dest"; die "$name: $patch does not apply to $commit"; }
         fi
         mv "$dest/src/qedprobe" "$dest/qedprobe"
         mv "$dest/src/kernels" "$dest/src/hooks" "$dest/qedprobe/"

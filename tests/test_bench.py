@@ -386,3 +386,49 @@ def test_hf_models_refuses_a_bad_shape_by_its_flag(flag, value):
     done = subprocess.run([sys.executable, str(BENCH / "hf_models.py"), flag, value], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and f"{flag}:" in done.stderr and repr(value) in done.stderr, done.stderr[-500:]
+
+
+def test_kernel_versions_builds_trees_from_a_commit_and_a_patch_and_times_them_in_turns(tmp_path):
+    """``scripts/kernel_versions.sh``: ``build NAME=COMMIT+PATCH`` lays out the commit's package with
+    the patch applied to its kernels (a patch that does not apply is refused, naming it); ``time
+    --bench S --rounds 2`` runs ``S`` once per tree and round, trees taking turns, each with its
+    tree first on ``PYTHONPATH``."""
+    repo = BENCH.parent
+    if subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("needs the repository's git history")
+    script = repo / "scripts" / "kernel_versions.sh"
+    old = (repo / "kernels" / "qed" / "naive.py").read_text()
+    new = old.replace('"""', '"""(patched) ', 1)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "naive.py").write_text(old)
+    (tmp_path / "b" / "naive.py").write_text(new)
+    diff = subprocess.run(["git", "diff", "--no-index", "a/naive.py", "b/naive.py"], cwd=tmp_path,
+                          capture_output=True, text=True).stdout
+    patch = tmp_path / "p.patch"
+    patch.write_text(diff.replace("a/a/naive.py", "a/kernels/qed/naive.py").replace("b/b/naive.py",
+                                                                                     "b/kernels/qed/naive.py"))
+    trees = tmp_path / "trees"
+    run = lambda *args: subprocess.run(["bash", str(script), *args], capture_output=True, text=True)  # noqa: E731
+    done = run("build", "--trees", str(trees), "main=HEAD", f"patched=HEAD+{patch}")
+    assert done.returncode == 0, done.stderr
+    assert (trees / "main" / "qedprobe" / "kernels" / "qed" / "naive.py").read_text() == old
+    assert (trees / "patched" / "qedprobe" / "kernels" / "qed" / "naive.py").read_text() == new
+    bad = tmp_path / "bad.patch"
+    bad.write_text(diff.replace("a/a/naive.py", "a/kernels/qed/absent.py").replace("b/b/naive.py",
+                                                                                    "b/kernels/qed/absent.py"))
+    refused = run("build", "--trees", str(trees), f"bad=HEAD+{bad}")
+    assert refused.returncode == 2 and "bad.patch does not apply" in refused.stderr
+    assert sorted(p.name for p in trees.iterdir()) == ["main", "patched"]  # no half-built tree left
+    stub = tmp_path / "stub.py"  # what it was run with, and a row
+    stub.write_text("import os, sys\nprint(os.environ['PYTHONPATH'].split(':')[0], sys.argv[1:])\n"
+                    "print('row ratio 1.0')\n")
+    out = tmp_path / "out"
+    done = run("time", "--trees", str(trees), "--out", str(out), "--bench", str(stub), "--rounds", "2",
+               "--python", sys.executable, "--", "--sections", "op")
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("==")] == [
+        "== main-r1 (exit 0)", "== patched-r1 (exit 0)", "== main-r2 (exit 0)", "== patched-r2 (exit 0)"]
+    log = (out / "stub-patched-r2.log").read_text().split("\n")[0]
+    assert log.startswith(str(trees / "patched")) and "'--sections', 'op', '--commit', 'patched'" in log
+    assert run("time", "--trees", str(trees), "--out", str(out), "--rounds", "0").returncode == 2
