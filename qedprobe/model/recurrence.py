@@ -85,8 +85,9 @@ class HookedRecurrence(nn.Module):
     """The hook points of one recurrence and :meth:`recur`, which runs them around the op."""
 
     def __init__(self, on_hooks_changed=None):
-        """``on_hooks_changed``: called after a hook is added to or removed from one of the hook
-        points (they are then :class:`~.hookio.WatchedHookPoint`); None: plain ``HookPoint``."""
+        """``on_hooks_changed``: called after a hook is registered on one of the hook points or
+        TransformerLens removes their hooks (they are then :class:`~.hookio.WatchedHookPoint`; a
+        torch hook removed by its own handle calls nothing); None: plain ``HookPoint``."""
         super().__init__()
         point = HookPoint if on_hooks_changed is None else (lambda: WatchedHookPoint(on_hooks_changed))
         # Inputs of the recurrence: writable (a hook's return value is what the op uses).
