@@ -28,29 +28,32 @@ die() { echo "kernel_versions.sh: $*" >&2; exit 2; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 
 build() {  # build NAME=COMMIT ...: DIR/<NAME>/qedprobe for each
-    local arg name commit dest
+    local arg name commit dest patch src
     (($#)) || die "build needs NAME=COMMIT arguments"
     for arg in "$@"; do
         [[ $arg == *=* ]] || die "build: '$arg' is not NAME=COMMIT"
-        name=${arg%%=*} commit=${arg#*=} dest=$TREES/${arg%%=*} patch=""
+        name=${arg%%=*} commit=${arg#*=} dest=$TREES/${arg%%=*} patch="" src=""
         if [[ $commit == *+* ]]; then
             patch=$(cd "$REPO" && realpath -e "${commit#*+}") || die "$name: no patch file ${commit#*+}"
             commit=${commit%%+*}
         fi
-        rm -rf "$dest" && mkdir -p "$dest/src"
+        # Staged outside any git repository: inside one (DIR under the checkout), `git apply` takes
+        # the patch's paths from that repository's root and silently skips them all.
+        src=$(mktemp -d)
         if [[ $commit == WORK ]]; then
-            (cd "$REPO" && cp -r qedprobe kernels hooks "$dest/src/")
+            (cd "$REPO" && cp -r qedprobe kernels hooks "$src/")
         else
-            git -C "$REPO" archive "$commit" qedprobe kernels hooks | tar -x -C "$dest/src" \
-                || { rm -rf "$dest"; die "no commit $commit"; }
+            git -C "$REPO" archive "$commit" qedprobe kernels hooks | tar -x -C "$src" \
+                || { rm -rf "$src"; die "no commit $commit"; }
         fi
         if [[ -n $patch ]]; then
-            (cd "$dest/src" && git apply --include='qedprobe/*' --include='kernels/*' --include='hooks/*' "$patch") \
-                || { rm -rf "$dest"; die "$name: $patch does not apply to $commit"; }
+            (cd "$src" && GIT_CEILING_DIRECTORIES=$src/.. git apply --include='qedprobe/*' --include='kernels/*' \
+                --include='hooks/*' "$patch") || { rm -rf "$src"; die "$name: $patch does not apply to $commit"; }
         fi
-        mv "$dest/src/qedprobe" "$dest/qedprobe"
-        mv "$dest/src/kernels" "$dest/src/hooks" "$dest/qedprobe/"
-        rm -rf "$dest/src"
+        rm -rf "$dest" && mkdir -p "$dest"
+        mv "$src/qedprobe" "$dest/qedprobe"
+        mv "$src/kernels" "$src/hooks" "$dest/qedprobe/"
+        rm -rf "$src"
         find "$dest" -name __pycache__ -prune -exec rm -rf {} +
         echo "$name: $commit${patch:+ + $patch} ($(du -sh "$dest" | cut -f1))"
     done

@@ -392,7 +392,8 @@ def test_kernel_versions_builds_trees_from_a_commit_and_a_patch_and_times_them_i
     """``scripts/kernel_versions.sh``: ``build NAME=COMMIT+PATCH`` lays out the commit's package with
     the patch applied to its kernels (a patch that does not apply is refused, naming it); ``time
     --bench S --rounds 2`` runs ``S`` once per tree and round, trees taking turns, each with its
-    tree first on ``PYTHONPATH``."""
+    tree first on ``PYTHONPATH``. The trees' folder lies inside a git repository, as ``.trees`` in a
+    checkout does (where ``git apply`` skips every path of a patch unless run outside it)."""
     repo = BENCH.parent
     if subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("needs the repository's git history")
@@ -408,6 +409,7 @@ def test_kernel_versions_builds_trees_from_a_commit_and_a_patch_and_times_them_i
     patch = tmp_path / "p.patch"
     patch.write_text(diff.replace("a/a/naive.py", "a/kernels/qed/naive.py").replace("b/b/naive.py",
                                                                                      "b/kernels/qed/naive.py"))
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     trees = tmp_path / "trees"
     run = lambda *args: subprocess.run(["bash", str(script), *args], capture_output=True, text=True)  # noqa: E731
     done = run("build", "--trees", str(trees), "main=HEAD", f"patched=HEAD+{patch}")
