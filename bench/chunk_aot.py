@@ -1,22 +1,25 @@
 """Compile qed_chunk's kernels for sm_90 on a machine without a GPU (Triton's AOT path and the
 ptxas Triton itself uses for sm_90) and print shared memory, registers and spills per kernel.
 
-    python bench/chunk_aot.py [fwd|bwd|all] [--warps N] [--K 128] [--V 128] [--head]
+    python bench/chunk_aot.py [fwd|bwd|all] [--warps N] [--K 128] [--V 128] [--head [--HV 32]] [--mix]
 
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
 ``--warps``), or with ``--head`` the five of the scalar-gate path (``g, b, w`` ``[B, T, HV]``: Gram, inverse,
-W/U, state scan with the decay per row, output; 16 q/k heads and 32 value heads); ``bwd``: the backward's prep
+W/U, state scan with the decay per row, output; 16 q/k heads and ``--HV`` value heads); ``bwd``: the backward's prep
 (with the ``HATS`` its scores kernel loads) and the five backward
 kernels the same way (bf16 inputs, or ``--fp32``). Every pointer is taken 16-byte aligned, as the
 JIT specializes a launch on torch's tensors (without it the loads and stores are compiled scalar and
 the register figures are not the device's). It reproduced the device's shared-memory figure
 (294912 B for the float32 scan with two stages) exactly, so configurations can be screened here
-before spending device time.
+before spending device time. ``--mix`` adds each kernel's SASS instruction mix (``nvdisasm`` of
+the cubin: the total and the counts of the tensor-core, memory, barrier and float opcodes), to
+compare two forms of a kernel instruction by instruction.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import inspect
 import os
 import re
@@ -48,6 +51,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder's 
 from forward_traffic import H200_SMS  # noqa: E402
 
 TGT = GPUTarget("cuda", 90, 32)
+MIX_OPCODES = ("HGMMA", "LDG", "STG", "LDS", "STS", "LDSM", "BAR", "FMUL", "FFMA", "FADD", "MUFU", "F2FP")
+"""The opcodes ``--mix`` counts (beside the total)."""
+show_mix = False
+"""Set by ``--mix``: :func:`compile_` prints each kernel's instruction mix."""
 FULL = {"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}  # arm "full"
 
 
@@ -85,7 +92,22 @@ def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 
     info = re.sub(r"\s+", " ", re.sub(r"ptxas\S* info\s*:", "", info))
     print(f"{jit.fn.__name__:22s} warps {num_warps} stages {num_stages}: shared {k.metadata.shared} B, "
           f"compile {time.time() - t:.1f}s | {info}", flush=True)
+    if show_mix:
+        mix = instruction_mix(k.asm["cubin"])
+        print(f"{'':22s} SASS {sum(mix.values())} instructions: "
+              + " ".join(f"{op} {mix.get(op, 0)}" for op in MIX_OPCODES), flush=True)
     return info
+
+
+def instruction_mix(cubin: bytes) -> collections.Counter:
+    """Opcode counts (modifiers dropped: ``FMUL.FTZ`` is ``FMUL``) of a cubin's SASS, from the
+    ``nvdisasm`` beside Triton's ``ptxas``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    nvdisasm = os.path.join(os.path.dirname(get_ptxas(TGT.arch).path), "nvdisasm")
+    sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    return collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, re.M))
 
 
 def compile_prep(io: str, K: int, H: int, probes: bool, hats: bool, warps: int | None):
@@ -250,11 +272,15 @@ def main():
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--V", type=int, default=128)
     ap.add_argument("--head", action="store_true", help="the scalar-gate path (per-head g, b, w [B, T, HV])")
+    ap.add_argument("--HV", type=int, default=32, help="value heads of the scalar-gate path (16 q/k heads)")
+    ap.add_argument("--mix", action="store_true", help="also each kernel's SASS instruction mix")
     a = ap.parse_args()
+    global show_mix
+    show_mix = a.mix
     if a.what in ("fwd", "all"):
         for probes in (False, True):
             if a.head:
-                scalar_forward(probes, a.K, a.V, warps=a.warps, fp32=a.fp32)
+                scalar_forward(probes, a.K, a.V, HV=a.HV, warps=a.warps, fp32=a.fp32)
             else:
                 forward(probes, a.K, a.V, warps=a.warps, scores_bks=a.scores_bks, fp32=a.fp32)
     if a.what in ("bwd", "all"):
