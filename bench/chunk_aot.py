@@ -190,7 +190,8 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                    fp32: bool = False):
     """The scalar-gate path's kernels as ``qed_chunk`` launches them for per-head ``g, b = w``
     (``[B, T, HV]``), arm full, lambda per head, bf16 inputs (or float32 with ``fp32``); the state
-    scan at its rule's configurations for many scans (sequences x value heads), for 64 and for one."""
+    scan at its rule's configurations for many scans (sequences x value heads), for 64 and for one;
+    the norms folded or ``q_hat, k_hat`` stored as ``scalar_gram.folds_norms`` rules."""
     io, prec = ("fp32", "tf32x3") if fp32 else ("bf16", "tf32")
     dtype = torch.float32 if fp32 else torch.bfloat16
     scores = {torch.float16: "fp16", torch.float32: "fp32"}[scalar_gram.scores_dtype(dtype, torch.float32)]
@@ -199,32 +200,39 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
     opt = lambda **kw: kw if probes else {}  # noqa: E731
     common = dict(H=H, HV=HV, K=K, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                   chunk_indices=None)
+    fold = scalar_gram.folds_norms(H, HV, writes_d=probes)
+    norms, hats = dict(rq="*fp32", rk="*fp32"), dict(qn=f"*{io}", kn=f"*{io}")
     compile_(scalar_gram.qed_scalar_gram_kernel,
-             dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", qn=f"*{io}", kn=f"*{io}", gc="*fp32",
-                  alpha="*fp32", gamma="*fp32", akk=f"*{scores}", T="i32",
+             dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", gc="*fp32", alpha="*fp32",
+                  gamma="*fp32", akk=f"*{scores}", T="i32", **(norms if fold else hats),
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
-             dict(common, BK=triton.next_power_of_2(K), L2NORM=True, **FULL, LAM_TOKEN=False, PROBES=probes,
-                  WRITE_D=probes, z=None, d_in=None, HEADS_FIRST=True, **absent("rho", "eig", "cp", "d_out")),
+             dict(common, BK=triton.next_power_of_2(K), IT=tl.float32 if fp32 else tl.bfloat16, L2NORM=True, **FULL,
+                  LAM_TOKEN=False, PROBES=probes, WRITE_D=probes, STORE_HATS=not fold, z=None, d_in=None,
+                  HEADS_FIRST=True, **absent("rho", "eig", "cp", "d_out"),
+                  **dict.fromkeys(hats if fold else norms)),
              warps or scalar_gram.gram_warps(K))
     if not probes:
         compile_(chunk_wy.qed_inverse_kernel, dict(akk=f"*{scores}", ai=f"*{io}", T="i32"),
                  dict(HV=HV, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                       chunk_indices=None, HEADS_FIRST=True), warps or chunk_wy.INVERSE_WARPS)
         compile_(chunk_wy.qed_scalar_wy_kernel,
-                 dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", alpha="*fp32", gamma="*fp32", v=f"*{io}",
-                      w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32"),
+                 dict(q=f"*{io}", k=f"*{io}", gc="*fp32", alpha="*fp32", gamma="*fp32", v=f"*{io}",
+                      w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32",
+                      **({"rk": "*fp32"} if fold else {})),
                  dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
-                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True), warps or chunk_wy.WY_WARPS)
+                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True, **({} if fold else {"rk": None})),
+                 warps or chunk_wy.WY_WARPS)
         for scans in (1 << 20, 64, 1):
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
             print(f"BV={BV:<3d}", end=" ")
             compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
     BV, nw, stages = scalar_output_config(V, dtype, probes)
     compile_(qed_scalar_output_kernel,
-             dict(qn=f"*{io}", kn=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
-                  scale="fp32", **opt(cp="*fp32", sd="*fp32")),
+             dict(q=f"*{io}", k=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
+                  scale="fp32", **(norms if fold else {}), **opt(cp="*fp32", sd="*fp32")),
              dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE="q", DIR_GATED=True, PROBES=probes,
-                  z=None, d_in=None, HEADS_FIRST=True, **absent("cp", "sd")),
+                  FOLD_NORMS=fold, z=None, d_in=None, HEADS_FIRST=True, **absent("cp", "sd"),
+                  **({} if fold else dict.fromkeys(norms))),
              warps or nw, stages)
 
 

@@ -61,18 +61,18 @@ SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 """(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
 
 
-def fla_state_scan(gram, wy):
-    """fla's ``chunk_gated_delta_rule_fwd_h`` on the scalar-gate path's ``w``, ``u``, normalised keys
-    and cumulative decay, or None without CUDA (fla's autotuner needs a GPU) or fla (its keys have
-    one head per value head: the q/k heads are repeated when grouped)."""
+def fla_state_scan(x, gram, wy):
+    """fla's ``chunk_gated_delta_rule_fwd_h`` on the scalar-gate path's ``w``, ``u``, keys (those the
+    state scan reads, in ``w``'s dtype) and cumulative decay, or None without CUDA (fla's autotuner needs a GPU) or fla (its keys
+    have one head per value head: the q/k heads are repeated when grouped)."""
     if not torch.cuda.is_available():
         return None
     try:
         from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     except ImportError:
         return None
-    m = wy.w.shape[2] // gram.kn.shape[2]
-    kn, gc = gram.kn.repeat_interleave(m, dim=2), gram.gc.float().contiguous()
+    m = wy.w.shape[2] // x.k.shape[2]
+    kn, gc = gram.qk_rows(x)[1].to(wy.w.dtype).repeat_interleave(m, dim=2), gram.gc.float().contiguous()
     return lambda: chunk_gated_delta_rule_fwd_h(k=kn, w=wy.w, u=wy.u, g=gc)
 
 
@@ -118,8 +118,8 @@ def head_gate_rows(a, dev) -> list[dict]:
     o, sd = torch.empty_like(v), torch.empty(v.shape, device=dev, dtype=P.compute_dtype)
 
     def state(cfg):
-        return lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r, T=P.T,
-                                       N=P.N, config=cfg)
+        return lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.qk_rows(x)[1], gl=None, gc=gram.gc, hs=hs,
+                                       r=r, T=P.T, N=P.N, config=cfg)
 
     def output(cfg, probes):
         return lambda: scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd if probes else None,
@@ -128,7 +128,7 @@ def head_gate_rows(a, dev) -> list[dict]:
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
     rows = state_rows("qed_state_kernel (decay per row)", state,
                       [] if a.output_only else list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])), rule, hs, r, P)
-    fla = None if a.output_only else fla_state_scan(gram, wy)
+    fla = None if a.output_only else fla_state_scan(x, gram, wy)
     if fla is not None:
         rows.append(dict(kernel="fla chunk_gated_delta_rule_fwd_h", ms=round(timed(fla), 4)))
         print(rows[-1], flush=True)

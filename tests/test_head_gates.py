@@ -111,6 +111,35 @@ def test_scalar_gate_path_variants(case):
         torch.testing.assert_close(got[2]["d"], kw["d"], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("heads", [(2, 2), (1, 3)])
+def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
+    """The Gram stage either stores the queries' and keys' reciprocal norms, folded in by the scan
+    and the output stage, or the normalised vectors themselves (``scalar_gram.folds_norms``'s
+    rule picks): both ways, forced, at group sizes 1 and 3, match float64 qed_naive in the output,
+    the final state and every probe (``Sd`` and ``d`` built from the folded or stored rows). The
+    rule folds for one value head per q/k head without ``d`` only."""
+    from qedprobe.kernels.qed import scalar_gram
+    assert scalar_gram.folds_norms(16, 16, writes_d=False)
+    assert not scalar_gram.folds_norms(16, 16, writes_d=True)
+    assert not scalar_gram.folds_norms(16, 32, writes_d=False)
+    made = []
+
+    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
+        made.append(gram_fwd(*a, **k))
+        return made[-1]
+    monkeypatch.setattr(scalar_gram, "folds_norms", lambda *a, **k: fold)
+    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    H_, HV_ = heads
+    x = grouped_inputs(B=2, T=45, H=H_, HV=HV_, K=24, V=8, seed=43, lam_token=True)
+    x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
+    kw = dict(arm="full", output_final_state=True, return_probes=True,
+              initial_state=torch.randn(2, HV_, 24, 8, dtype=F64, generator=torch.Generator().manual_seed(5)))
+    assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw), atol=1e-10)
+    ((gram, _),) = made
+    assert (gram.rq is not None, gram.qn is not None) == (fold, not fold)
+
+
 def test_scalar_gate_state_scan_value_blocks_agree(monkeypatch):
     """The scalar-gate state scan at value blocks of 16 (what the rule takes for a few long
     sequences on a GPU) and of 64: the same outputs, states and probes (the value axis only splits

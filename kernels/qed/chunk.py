@@ -178,7 +178,8 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.kn, gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht, T=P.T, N=P.N)
+    chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.qk_rows(x)[1], gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht,
+                    T=P.T, N=P.N)
     del wy  # (fla's forward holds its A, w, u through the output stage)
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None

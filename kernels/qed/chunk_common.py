@@ -78,9 +78,13 @@ def chunk_layout(problem, cu_seqlens, device, prec: str) -> ChunkLayout:
     else:
         chunk_indices = chunk_offsets = cu = None
         NC, grid = P.B * triton.cdiv(P.T, BT), (triton.cdiv(P.T, BT), P.B * P.HV)
-    DT = {torch.float32: tl.float32, torch.float64: tl.float64}[P.compute_dtype]
     return ChunkLayout(NC=NC, grid=grid, cu_seqlens=cu, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-                       state_dtype=P.compute_dtype, DT=DT, prec=prec, interpreting=interpreting())
+                       state_dtype=P.compute_dtype, DT=TL_DTYPES[P.compute_dtype], prec=prec,
+                       interpreting=interpreting())
+
+
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32, torch.float64: tl.float64}
+"""Triton's dtype of each torch dtype the kernels compute or store intermediates in."""
 
 
 # ------------------------------------------------------------------------------ arithmetic
@@ -116,6 +120,12 @@ def store_tile(ptr, x, rows, m_r, cols, m_c, stride):
     """Store ``x`` as the ``[rows, cols]`` tile at ``ptr`` (row stride ``stride``), masked."""
     tl.store(ptr + rows[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty),
              mask=m_r[:, None] & m_c[None, :])
+
+
+@triton.jit
+def row_factors(rn, rows, m_r, rn_stride, rn_offset, DT: tl.constexpr):
+    """Per-row factors ``[rows]`` at ``rn + rn_offset`` (row stride ``rn_stride``) as ``DT``."""
+    return tl.load(rn + rn_offset + rows * rn_stride, mask=m_r, other=0.).to(DT)
 
 
 @triton.jit

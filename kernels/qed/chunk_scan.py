@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile, scan_program,
-                           scan_ranges)
+from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile,
+                           row_factors, scan_program, scan_ranges)
 from .chunk_intra import raw_direction
 
 
@@ -37,15 +37,17 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
                 STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, ROW_DECAY: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
-    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the normalised keys
-    of the query/key head (row stride ``H * K``) and ``gc`` the within-chunk cumsum ``G`` per row:
-    the residuals are scaled by ``e^{G_last - G}`` before the key product (in the state dtype, then
-    rounded once to the products' dtype), and the state by ``e^{G_last}``."""
+    (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the keys of the
+    query/key head (row stride ``H * K``: normalised, or raw where ``w, u`` carry their reciprocal
+    norms on their rows, so that ``K^T (r_k r) = K_hat^T r``) and ``gc`` the within-chunk cumsum
+    ``G`` per row: the residuals are scaled by ``e^{G_last - G}`` before the key product (in the
+    state dtype, then rounded once to the products' dtype), and the state by ``e^{G_last}``."""
     tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
              S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     b_w = tl.load(w + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
-    b_kg = tl.load(kg + rows[:, None] * ((H if ROW_DECAY else HV) * K) + o_k[None, :], mask=m_tk, other=0.)
+    b_kg = tl.load(kg + rows[:, None] * ((H if ROW_DECAY else HV) * K) + o_k[None, :], mask=m_tk,
+                   other=0.).to(b_w.dtype)
     b_u = tl.load(u + rows[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0.).to(DT)
     if ROW_DECAY:
         b_G = tl.load(gc + rows * HV, mask=m_t, other=0.).to(DT)
@@ -242,8 +244,8 @@ def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=N
     chunk-start states ``hs`` ``[NC, HV, K, V]`` and, when given, the residuals ``r``
     ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states. Keys and decay:
     ``kg = k e^{G_last - G}`` per value head and ``gl = e^{G_last}``, or (the scalar-gate path)
-    ``kg`` the normalised keys ``[B, T, H, K]``, ``gc`` the per-row ``G`` ``[B, T, HV]`` and
-    ``gl`` None. ``config``
+    ``kg`` the keys ``[B, T, H, K]`` (normalised, or raw with their reciprocal norms on the rows of
+    ``w, u``), ``gc`` the per-row ``G`` ``[B, T, HV]`` and ``gl`` None. ``config``
     ``(BV, num_warps, num_stages)`` overrides :func:`state_config` (for screening configurations,
     ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
@@ -285,14 +287,16 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
 @triton.heuristics({
     "PROBES": lambda args: args["sd"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "FOLD_NORMS": lambda args: args["rq"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_output_kernel(
-    qn, kn, gc, b, cp, z, d_in, hs, r, o, sd,
+    q, k, rq, rk, gc, b, cp, z, d_in, hs, r, o, sd,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr, FOLD_NORMS: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     i_x, i_bh = chunk_axes(HEADS_FIRST)
@@ -307,10 +311,11 @@ def qed_scalar_output_kernel(
     r0 = bos + i_t * BT
     m_t = o_t < eos - r0
     m_s = t_s < eos - r0
-    qn += r0 * (H * K) + i_h * K
-    kn += r0 * (H * K) + i_h * K
+    q += r0 * (H * K) + i_h * K
+    k += r0 * (H * K) + i_h * K
     gc += r0 * HV + i_hv
-    b_k = load_tile(kn, o_t, m_t, o_k, m_k, H * K, kn.dtype.element_ty)
+    IT: tl.constexpr = r.dtype.element_ty
+    b_k = load_tile(k, o_t, m_t, o_k, m_k, H * K, IT)
     b_h = load_tile(hs + (i_g * HV + i_hv) * K * V, o_k, m_k, o_v, m_v, V, hs.dtype.element_ty)
     b_r = load_tile(r + r0 * (HV * V) + i_hv * V, o_t, m_t, o_v, m_v, HV * V, r.dtype.element_ty)
     b_G = tl.load(gc + o_t * HV, mask=m_t, other=0.).to(DT)
@@ -322,16 +327,24 @@ def qed_scalar_output_kernel(
             z += i_hv * K
         if d_in is not None:
             d_in += i_hv * K
-        b_q = load_tile(qn, t_s, m_s, o_k, m_k, H * K, DT)
-        b_ks = load_tile(kn, t_s, m_s, o_k, m_k, H * K, DT)
+        b_q = load_tile(q, t_s, m_s, o_k, m_k, H * K, DT)
+        b_ks = load_tile(k, t_s, m_s, o_k, m_k, H * K, DT)
         bx = tl.load(b + p, mask=m_s, other=0.).to(DT)
         c = tl.load(cp + p, mask=m_s, other=0.).to(DT)
-        x = raw_direction(b_q, bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE, DIR_GATED, DT)
-        b_x = tl.where(top[:, None], b_q, x - c[:, None] * b_ks).to(b_k.dtype)
+        q_hat = b_q
+        if FOLD_NORMS:
+            r_x = row_factors(rq, t_s, m_s, H, r0 * H + i_h, DT)
+            q_hat = b_q * r_x[:, None]
+            c *= row_factors(rk, t_s, m_s, H, r0 * H + i_h, DT)
+            r_x = tl.where(top, r_x, 1.)  # the directions' rows are formed normalised
+        x = raw_direction(q_hat, bx[:, None], z, d_in, rows, m_s, o_k, m_k, HV, K, DIR_SOURCE, DIR_GATED, DT)
+        b_x = tl.where(top[:, None], b_q, x - c[:, None] * b_ks).to(IT)
         G_s = tl.load(gc + t_s * HV, mask=m_s, other=0.).to(DT)
         keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
     else:
-        b_x = load_tile(qn, o_t, m_t, o_k, m_k, H * K, qn.dtype.element_ty)
+        b_x = load_tile(q, o_t, m_t, o_k, m_k, H * K, IT)
+        if FOLD_NORMS:
+            r_x = row_factors(rq, o_t, m_t, H, r0 * H + i_h, DT)
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
     dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
@@ -339,7 +352,11 @@ def qed_scalar_output_kernel(
     b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
     p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
     m_o = m_s[:, None] & m_v[None, :]
-    tl.store(o + p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_o & top[:, None])
+    if FOLD_NORMS:  # the raw queries' norms on their rows (the keys' are on R's rows: the W/U stage's)
+        b_os = b_o * (r_x * scale)[:, None]
+    else:
+        b_os = b_o * scale
+    tl.store(o + p_o, b_os.to(o.dtype.element_ty), mask=m_o & top[:, None])
     if PROBES:
         tl.store(sd + p_o, b_o.to(sd.dtype.element_ty), mask=m_o & ~top[:, None])
 
@@ -362,20 +379,22 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
                       config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: value heads x chunks x value blocks,
     :func:`~.chunk_common.heads_first`) of the scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T
-    * Dec) R)`` from the Gram stage's normalised queries and keys (``intra``:
-    ``scalar_gram.ScalarGram``) and ``G``, with ``Q K^T`` formed here rather than stored; with
-    ``sd`` also the probe ``S_bar^T d`` from the stored ``c`` and the arm's direction source in
-    ``x`` (``chunk_intra.DirectionInputs``). For the probe each program builds ``d = bx x - c k_hat``
+    * Dec) R)`` from the Gram stage's ``intra`` (``scalar_gram.ScalarGram``): its normalised
+    queries and keys, or the raw ones with the queries' reciprocal norms applied to the output's
+    rows (the keys' are on the rows of ``R``, which the W/U stage scaled), and ``G``, with ``Q K^T``
+    formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
+    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). For the probe each program builds ``d = bx x - c k_hat``
     in registers and stacks it under ``q_hat``: the ``2 BT`` rows ``[q_hat; d]`` go through the same
     three products as ``q_hat`` alone (``X S0``, ``X K^T``, ``(X K^T * Dec) R``), causal including
     the diagonal for ``o`` and strictly causal for ``Sd``. ``config`` ``(BV, num_warps, num_stages)``
     overrides the rule (for screening configurations)."""
-    B, T, H, K = intra.kn.shape
+    B, T, H, K = x.k.shape
     HV, V = r.shape[2], r.shape[-1]
-    BV, num_warps, num_stages = config or scalar_output_config(V, intra.kn.dtype, sd is not None)
+    BV, num_warps, num_stages = config or scalar_output_config(V, r.dtype, sd is not None)
     grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
+    q, k = intra.qk_rows(x)
     qed_scalar_output_kernel[grid](
-        qn=intra.qn, kn=intra.kn, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
+        q=q, k=k, rq=intra.rq, rk=intra.rk, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
         DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps,

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .chunk_common import (BC, BT, ChunkLayout, channel_slice, chunk_position, exp, gate_head,
-                           gate_tile, heads_first, load_tile, store_tile)
+                           gate_tile, heads_first, load_tile, row_factors, store_tile)
 
 WY_BKS = 32
 """Key slice of the W/U kernel."""
@@ -235,7 +235,7 @@ def chunk_wy_fwd(ag: torch.Tensor, v: torch.Tensor, w_gate: torch.Tensor, ai: to
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_wy_kernel(
-    qn, kn, z, d_in, gc, alpha, gamma, v, w_gate, ai, w, u,
+    q, k, rk, z, d_in, gc, alpha, gamma, v, w_gate, ai, w, u,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr,
     BVS: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -246,16 +246,19 @@ def qed_scalar_wy_kernel(
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
-    b_ai = _inverse_tile(ai, rows, m_t, i_hv, HV, BT).to(kn.dtype.element_ty)
+    b_ai = _inverse_tile(ai, rows, m_t, i_hv, HV, BT)
+    if rk is not None:  # W, U with the raw keys' reciprocal norms on their rows (the scan's residuals then)
+        b_ai *= row_factors(rk, rows, m_t, H, i_h, DT)[:, None]
+    b_ai = b_ai.to(w.dtype.element_ty)
     p = rows * HV + i_hv
     ex = exp(tl.load(gc + p, mask=m_t, other=0.).to(DT))
     b_al = tl.load(alpha + p, mask=m_t, other=0.).to(DT) * ex
     b_ga = tl.load(gamma + p, mask=m_t, other=0.).to(DT) * ex
     for i_k in range(tl.cdiv(K, BKS)):
         cols, m_c = channel_slice(i_k, BKS, K)
-        b_ag = b_al[:, None] * load_tile(kn + i_h * K, rows, m_t, cols, m_c, H * K, DT)
+        b_ag = b_al[:, None] * load_tile(k + i_h * K, rows, m_t, cols, m_c, H * K, DT)
         if DIR_SOURCE == "q":
-            b_ag += b_ga[:, None] * load_tile(qn + i_h * K, rows, m_t, cols, m_c, H * K, DT)
+            b_ag += b_ga[:, None] * load_tile(q + i_h * K, rows, m_t, cols, m_c, H * K, DT)
         elif DIR_SOURCE == "z":
             b_ag += b_ga[:, None] * tl.load(z + i_hv * K + cols, mask=m_c, other=0.).to(DT)[None, :]
         elif DIR_SOURCE == "d":
@@ -269,18 +272,21 @@ def scalar_wy_fwd(x, gram, v: torch.Tensor, w_gate: torch.Tensor, ai: torch.Tens
                   config: tuple[int, int, int] | None = None) -> WYFactors:
     """Launch ``qed_scalar_wy_kernel`` (grid: value heads x chunks,
     :func:`~.chunk_common.heads_first`): ``W = Ai (a e^G)`` with the erase vector ``a = alpha
-    k_hat + gamma x`` built from the Gram stage's normalised keys (queries), its per-row ``alpha,
-    gamma, G`` and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``), and
-    ``U = Ai (w v)``; ``W, U`` in ``gram.kn``'s dtype.
+    k_hat + gamma x`` built from the raw keys and queries in ``x`` (``chunk_intra.DirectionInputs``)
+    and the Gram stage's per-row ``alpha, gamma`` (which hold the reciprocal norms: ``alpha k_hat =
+    (alpha r_k) k``), ``G`` and the arm's direction source, and ``U = Ai (w v)``; ``W, U`` in
+    ``ai``'s dtype. Where the Gram stage stored the keys' reciprocal norms ``r_k`` rather than
+    ``k_hat`` (``gram.rk``), both come out with ``r_k`` on their rows, so that the scan's residuals
+    ``r_k (U - W S)`` pair with the raw keys: ``K^T (r_k R) = K_hat^T R``.
     ``config`` ``(slice, num_warps, num_stages)`` overrides the rule (for screening)."""
-    B, T, H, K = gram.kn.shape
+    B, T, H, K = x.k.shape
     bs, num_warps, num_stages = config or (SCALAR_WY_SLICE, WY_WARPS, 1)
     HV, V = v.shape[2], v.shape[-1]
-    out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=gram.kn.dtype),
-                    u=torch.empty(B, T, HV, V, device=v.device, dtype=gram.kn.dtype))
+    out = WYFactors(w=torch.empty(B, T, HV, K, device=v.device, dtype=ai.dtype),
+                    u=torch.empty(B, T, HV, V, device=v.device, dtype=ai.dtype))
     grid, first = heads_first(lay.grid)
     qed_scalar_wy_kernel[grid](
-        qn=gram.qn, kn=gram.kn, z=x.z, d_in=x.d, gc=gram.gc, alpha=gram.alpha, gamma=gram.gamma,
+        q=x.q, k=x.k, rk=gram.rk, z=x.z, d_in=x.d, gc=gram.gc, alpha=gram.alpha, gamma=gram.gamma,
         v=v, w_gate=w_gate, ai=ai, w=out.w, u=out.u,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=min(bs, triton.next_power_of_2(K)),

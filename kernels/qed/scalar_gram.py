@@ -17,10 +17,18 @@ multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``
 and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
 
 ``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
-the chunk once, normalises them (stored in the products' dtype for the later stages, as fla's
-``l2norm`` kernel), forms ``K K^T`` and ``Q K^T`` once, then for each of the ``HV / H`` value heads
-of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the W/U and output
-stages) and ``A_kk`` (:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
+the chunk once and normalises them. Where :func:`folds_norms` says so it stores only their
+reciprocal norms: the later stages read the raw ``q, k``, which they load anyway, and fold the
+norms into per-row factors they apply anyway (the decay of the state scan's residuals, the
+decays of the output stage's scores and state term), so that the normalised vectors, which
+fla's ``l2norm`` kernel writes and its later kernels read, never go through memory. Otherwise it
+stores ``q_hat, k_hat`` for the scan and the output stage. The W/U stage reads the raw ``q, k``
+either way. It forms ``K K^T``
+and ``Q K^T`` once (of the raw tiles as loaded, rows and columns scaled by the norms' factors
+afterwards), then for each of the ``HV / H`` value heads of its group: ``G`` (the decay's cumsum),
+``alpha, gamma`` (stored per row for the W/U stage times the raw vectors' reciprocal norms, so that
+``a_t = (alpha_t r_k) k_t + (gamma_t r_x) x_t`` there from the raw rows) and ``A_kk``
+(:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
 and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
 any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
 """
@@ -32,20 +40,26 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
+from .chunk_common import TL_DTYPES, BT, ChunkLayout, chunk_position, exp, heads_first, load_tile, store_tile
 from .chunk_intra import DirectionInputs, row_lam
 
 
 @dataclass(frozen=True)
 class ScalarGram:
-    """What the Gram stage writes for the later stages: ``qn, kn`` ``[B, T, H, K]`` (normalised,
-    products' dtype); per row and value head ``[B, T, HV]`` (state dtype) ``gc`` (``G``),
-    ``alpha, gamma``. Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and ``d``
+    """What the Gram stage writes for the later stages: either ``rq, rk`` ``[B, T, H]`` (the
+    queries' and keys' reciprocal norms, state dtype) or ``qn, kn`` ``[B, T, H, K]`` (the
+    normalised queries and keys, intermediate dtype), the others ``None`` (all four without the L2
+    norm: the inputs are the normalised vectors then); per row and value head
+    ``[B, T, HV]`` (state dtype) ``gc`` (``G``), ``alpha, gamma`` (times the reciprocal norms of the
+    raw keys and of the raw direction rows: the coefficients of the raw rows in the erase vector).
+    Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and ``d``
     ``[B, T, HV, K]`` in the state dtype. (The scores ``A_kk`` are returned beside it: only the
     block inverse reads them.)"""
 
-    qn: torch.Tensor
-    kn: torch.Tensor
+    rq: torch.Tensor | None
+    rk: torch.Tensor | None
+    qn: torch.Tensor | None
+    kn: torch.Tensor | None
     gc: torch.Tensor
     alpha: torch.Tensor
     gamma: torch.Tensor
@@ -54,31 +68,48 @@ class ScalarGram:
     c: torch.Tensor | None
     d: torch.Tensor | None
 
+    def qk_rows(self, x: DirectionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries and keys ``[B, T, H, K]`` the scan and the output stage read: ``q_hat,
+        k_hat`` where stored, else the raw ``x.q, x.k`` (with ``rq, rk`` to fold in, or already
+        normalised)."""
+        if self.kn is not None:
+            return self.qn, self.kn
+        return x.q, x.k
+
 
 @triton.jit
-def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr, K: tl.constexpr,
-                     DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """For value head ``i_hv``: ``(x, xk, XK)`` = the raw direction tile ``[BT, BK]`` (``DT``),
-    ``x_t . k_hat_t`` per row and ``XK[t, j] = x_t . k_hat_j`` (the query/key head's ``Q K^T`` for
-    a direction from ``q``; for ``z`` one row broadcast; for a given ``d`` its own product)."""
+def _direction_tiles(z, d_in, f_q, r_q, f_k, r_k, c_k, qk, XK_q, rows, m_t, o_k, m_k, i_hv, HV: tl.constexpr,
+                     K: tl.constexpr, DIR_SOURCE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """For value head ``i_hv``: ``(x, xs, xk, XK)``, the arm's raw direction of row ``t`` being
+    ``xs_t x_t``: the tile ``x`` ``[BT, BK]`` (``DT``) and its row factors ``xs`` (the queries'
+    reciprocal norms for a direction from ``q``, else ones), ``xk_t = xs_t x_t . k_hat_t`` and
+    ``XK[t, j] = xs_t x_t . k_hat_j`` (the query/key head's ``Q K^T`` for a direction from ``q``; for
+    ``z`` one row broadcast; for a given ``d`` its product with the raw keys ``c_k``, columns scaled
+    by their reciprocal norms ``r_k``). ``f_q, f_k``: the raw queries and keys (``DT``), ``qk`` the
+    rows' ``q_hat . k_hat``."""
+    ones = r_k * 0. + 1.
     if DIR_SOURCE == "z":
         zz = tl.load(z + i_hv * K + o_k, mask=m_k, other=0.).to(DT)
-        x = b_k * 0. + zz[None, :]
-        xk = tl.sum(b_k * zz[None, :], 1)
+        x = f_k * 0. + zz[None, :]
+        xs = ones
+        xk = tl.sum(f_k * zz[None, :], 1) * r_k
         XK = xk[None, :] + tl.zeros_like(XK_q)
     elif DIR_SOURCE == "d":
         x = load_tile(d_in + i_hv * K, rows, m_t, o_k, m_k, HV * K, DT)
-        xk = tl.sum(x * b_k, 1)
-        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT)
+        xs = ones
+        xk = tl.sum(x * f_k, 1) * r_k
+        XK = tl.dot(x.to(c_k.dtype), tl.trans(c_k), input_precision=PREC).to(DT) * r_k[None, :]
     elif DIR_SOURCE == "q":
-        x = c_q.to(DT)
-        xk = tl.sum(x * b_k, 1)
+        x = f_q
+        xs = r_q
+        xk = qk
         XK = XK_q
     else:
-        x = b_k * 0.
-        xk = tl.sum(x, 1)
+        x = f_k * 0.
+        xs = ones
+        xk = r_k * 0.
         XK = XK_q * 0.
-    return x, xk, XK
+    return x, xs, xk, XK
 
 
 @triton.heuristics({
@@ -86,16 +117,18 @@ def _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV
     "PROBES": lambda args: args["rho"] is not None,
     "WRITE_D": lambda args: args["d_out"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+    "STORE_HATS": lambda args: args["qn"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_gram_kernel(
     q, k, g, b, lam, z, d_in,
-    qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out,
+    rq, rk, qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out,
     cu_seqlens, chunk_indices, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr,
+    IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+    DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
-    WRITE_D: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    WRITE_D: tl.constexpr, STORE_HATS: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN, HEADS_FIRST)
     o_t = tl.arange(0, BT)
@@ -103,19 +136,28 @@ def qed_scalar_gram_kernel(
     m_t = rows < eos
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
-    b_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+    c_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, IT)
+    c_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, IT)
+    f_q = c_q.to(DT)
+    f_k = c_k.to(DT)
+    r_q = tl.full([BT], 1., DT)
+    r_k = tl.full([BT], 1., DT)
     if L2NORM:
-        b_q = b_q * (1. / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6))[:, None]
-        b_k = b_k * (1. / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6))[:, None]
-    kk = tl.sum(b_k * b_k, 1)
-    qk = tl.sum(b_q * b_k, 1)
-    store_tile(qn + i_h * K, b_q, rows, m_t, o_k, m_k, H * K)
-    store_tile(kn + i_h * K, b_k, rows, m_t, o_k, m_k, H * K)
-    c_q = b_q.to(qn.dtype.element_ty)
-    c_k = b_k.to(kn.dtype.element_ty)
-    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT)
-    XK_q = tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) if DIR_SOURCE == "q" else KK * 0.
+        r_q = 1. / tl.sqrt(tl.sum(f_q * f_q, 1) + 1e-6)
+        r_k = 1. / tl.sqrt(tl.sum(f_k * f_k, 1) + 1e-6)
+        if STORE_HATS:
+            store_tile(qn + i_h * K, f_q * r_q[:, None], rows, m_t, o_k, m_k, H * K)
+            store_tile(kn + i_h * K, f_k * r_k[:, None], rows, m_t, o_k, m_k, H * K)
+        else:
+            tl.store(rq + rows * H + i_h, r_q.to(rq.dtype.element_ty), mask=m_t)
+            tl.store(rk + rows * H + i_h, r_k.to(rk.dtype.element_ty), mask=m_t)
+    # sums and products of the raw tiles, normalised afterwards by the norms' factors: no normalised
+    # tile is formed (fewer registers)
+    kk = tl.sum(f_k * f_k, 1) * (r_k * r_k)
+    qk = tl.sum(f_q * f_k, 1) * (r_q * r_k)
+    KK = tl.dot(c_k, tl.trans(c_k), input_precision=PREC).to(DT) * (r_k[:, None] * r_k[None, :])
+    XK_q = (tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) * (r_q[:, None] * r_k[None, :])
+            if DIR_SOURCE == "q" else KK * 0.)
     strict = o_t[:, None] > o_t[None, :]
     M: tl.constexpr = HV // H
     for i in range(M):
@@ -124,15 +166,15 @@ def qed_scalar_gram_kernel(
         G = tl.cumsum(tl.load(g + p, mask=m_t, other=0.).to(DT), 0)
         b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
         b_l = row_lam(lam + i_hv, rows, m_t, HV, LAM_TOKEN, DT)
-        x, xk, XK = _direction_tiles(z, d_in, b_k, c_q, c_k, XK_q, rows, m_t, o_k, m_k, i_hv, HV, K, DIR_SOURCE, DT,
-                                     PREC)
+        x, xs, xk, XK = _direction_tiles(z, d_in, f_q, r_q, f_k, r_k, c_k, qk, XK_q, rows, m_t, o_k, m_k, i_hv, HV,
+                                         K, DIR_SOURCE, DT, PREC)
         bx = b_b if DIR_GATED else b_b * 0. + 1.
         c = bx * xk if DIR_PROJECTED else xk * 0.
         b_al = b_b - b_l * c
         b_ga = b_l * bx if DIR_SOURCE != "none" else b_l * 0.
         tl.store(gc + p, G.to(gc.dtype.element_ty), mask=m_t)
-        tl.store(alpha + p, b_al.to(alpha.dtype.element_ty), mask=m_t)
-        tl.store(gamma + p, b_ga.to(gamma.dtype.element_ty), mask=m_t)
+        tl.store(alpha + p, (b_al * r_k).to(alpha.dtype.element_ty), mask=m_t)
+        tl.store(gamma + p, (b_ga * xs).to(gamma.dtype.element_ty), mask=m_t)
         dec = exp(tl.where(strict, G[:, None] - G[None, :], 0.))
         A = tl.where(strict, (b_al[:, None] * KK + b_ga[:, None] * XK) * dec, 0.)
         store_tile(akk + i_hv * BT, A, rows, m_t, o_t, o_t < BT, HV * BT)
@@ -141,7 +183,8 @@ def qed_scalar_gram_kernel(
             tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
             tl.store(cp + p, c.to(cp.dtype.element_ty), mask=m_t)
         if WRITE_D:
-            store_tile(d_out + i_hv * K, bx[:, None] * x - c[:, None] * b_k, rows, m_t, o_k, m_k, HV * K)
+            store_tile(d_out + i_hv * K, (bx * xs)[:, None] * x - (c * r_k)[:, None] * f_k, rows, m_t, o_k, m_k,
+                       HV * K)
 
 
 def scores_dtype(inter_dtype: torch.dtype, state_dtype: torch.dtype) -> torch.dtype:
@@ -161,6 +204,17 @@ def gram_warps(K: int) -> int:
     return 4 if triton.next_power_of_2(K) <= 64 else 8
 
 
+def folds_norms(H: int, HV: int, writes_d: bool) -> bool:
+    """Whether the later stages fold the queries' and keys' reciprocal norms in (the Gram stage
+    stores only them) rather than read normalised ``q_hat, k_hat`` from memory, by rule: where
+    each query/key head has one value head and the direction probe ``d`` is not written. Folding
+    saves the Gram stage the stores of ``q_hat, k_hat`` but costs the scan and the output stage
+    per value head (the factors' loads and products in every program); with several value heads
+    per query/key head, or with ``d`` (whose Gram stage gains least), the cost is the larger
+    (docs/BENCHMARKS.md)."""
+    return HV == H and not writes_d
+
+
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
                     probes: bool, direction: bool = True,
                     config: tuple[int, int] | None = None) -> tuple[ScalarGram, torch.Tensor]:
@@ -168,14 +222,19 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     :func:`~.chunk_common.heads_first`) on per-head ``g`` and ``x.b`` (``[B, T, HV]``); with
     ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
     ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
-    them once inverted. ``config`` ``(num_warps, num_stages)`` overrides the rule (for screening)."""
+    them once inverted; the norms are folded or ``q_hat, k_hat`` stored as :func:`folds_norms`
+    rules. ``config`` ``(num_warps, num_stages)`` overrides the rule (for
+    screening)."""
     num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
     B, T, H, K = x.q.shape
     HV = g.shape[2]
     dev, st = g.device, lay.state_dtype
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
-    out = ScalarGram(qn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
-                     kn=torch.empty(B, T, H, K, device=dev, dtype=inter_dtype),
+    fold = folds_norms(H, HV, probes and direction)
+    norms = lambda: torch.empty(B, T, H, device=dev, dtype=st) if x.l2norm and fold else None  # noqa: E731
+    hats = lambda: (torch.empty(B, T, H, K, device=dev, dtype=inter_dtype)  # noqa: E731
+                    if x.l2norm and not fold else None)
+    out = ScalarGram(rq=norms(), rk=norms(), qn=hats(), kn=hats(),
                      gc=row(), alpha=row(), gamma=row(),
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
@@ -183,10 +242,10 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     grid, first = heads_first((lay.grid[0], lay.grid[1] * H // HV))
     qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
-        qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
+        rq=out.rq, rk=out.rk, qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
         rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
-        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), L2NORM=x.l2norm,
+        H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
     )
