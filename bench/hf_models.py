@@ -32,7 +32,8 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   ``ms`` is the median of its rounds' medians and its ratio the median over rounds of its round's
   median over native's in the same round, so that a drift between rounds cancels (each round's
   median, minimum and maximum per variant printed to the log, so that a disturbed round shows).
-* ``generate``: the ``decoder`` section's decode-step rows alone, without its prefill rows.
+* ``generate``: the ``decoder`` section's decode-step rows alone, without its prefill rows; a
+  value-head count named twice (``--value-heads 16,32,32,16``) pools both models' rounds.
 * ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
   alternated as above; printed to the log, the host synchronisations one run of each makes and
@@ -467,12 +468,24 @@ def decoder_shape(rows: Rows, HV: int, small: bool, left):
 
 
 def generate_decode(rows: Rows, model, HV: int, small: bool) -> None:
-    """The decode-step rows of ``model`` (``HV`` value heads): steps inside ``generate`` on a batch
-    of random prompts (:func:`generate_batch`), its variants alternated (:func:`interleaved_decode`)."""
+    """The decode-step rows of ``model`` (``HV`` value heads): :func:`generate_rounds`."""
+    decode_rows_of(rows, GENERATE_LABEL, generate_shape(HV, small), generate_rounds(model, small))
+
+
+GENERATE_LABEL = "decode step in generate"
+
+
+def generate_shape(HV: int, small: bool) -> str:
+    B, Tg = generate_batch(small)
+    return f"B{B} T{Tg} HV{HV} decode"
+
+
+def generate_rounds(model, small: bool) -> dict[str, list]:
+    """:func:`interleaved_decode`'s round medians of the steps inside ``generate`` on a batch of
+    random prompts (:func:`generate_batch`)."""
     B, Tg = generate_batch(small)
     gen_ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
-    decode_rows_of(rows, "decode step in generate", f"B{B} T{Tg} HV{HV} decode",
-                   interleaved_decode(model, generate_steps(model, gen_ids)))
+    return interleaved_decode(model, generate_steps(model, gen_ids))
 
 
 def host_synchronisations(run) -> collections.Counter:
@@ -525,9 +538,24 @@ def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALU
 
 
 def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
-    """The ``decoder`` section's decode-step rows alone (no prefill rows)."""
-    each_model("generate", value_heads, left, 60,
-               lambda HV: generate_decode(rows, random_qwen35(HV, small), HV, small))
+    """The ``decoder`` section's decode-step rows alone (no prefill rows). A value-head count
+    named more than once (``16,32,32,16``: each model built twice, the second time in the opposite
+    order, so that a drift of the host over the run touches both counts alike) pools the rounds of
+    its models into one row per variant, written after its last model (or, where the budget cuts
+    the section, after the last one that ran)."""
+    pending = collections.Counter(value_heads)
+    pooled: dict[int, dict[str, list]] = {}
+
+    def one_model(HV: int) -> None:
+        for name, got in generate_rounds(random_qwen35(HV, small), small).items():
+            pooled.setdefault(HV, {}).setdefault(name, []).extend(got)
+        pending[HV] -= 1
+        if not pending[HV]:
+            decode_rows_of(rows, GENERATE_LABEL, generate_shape(HV, small), pooled.pop(HV))
+
+    each_model("generate", value_heads, left, 60, one_model)
+    for HV, rounds in pooled.items():
+        decode_rows_of(rows, GENERATE_LABEL, generate_shape(HV, small), rounds)
 
 
 def main() -> int:

@@ -223,6 +223,34 @@ def test_generate_section_writes_the_decode_step_rows_alone(monkeypatch, tmp_pat
     assert all(r["native_ms"] == 32. for r in json.load(open(tmp_path / "rows.json")) if r["ratio"] is not None)
 
 
+def test_generate_section_pools_the_rounds_of_a_value_head_count_named_twice(monkeypatch, tmp_path):
+    """``--value-heads 16,32,32,16``: each count's two models' rounds pooled into one row per
+    variant (median over all eight rounds of the paired ratios), written after its last model; a
+    budget that cuts the section still writes the rounds that ran."""
+    monkeypatch.setattr(hf_models, "DEV", "cpu")
+    monkeypatch.setattr(hf_models.torch.cuda, "get_device_name", lambda *a: "test device")
+    monkeypatch.setattr(hf_models, "generate_steps", lambda model, ids: None)
+    calls = iter([  # per model: native, adapted, injected rounds
+        ([10., 20.], [11., 20.], [12., 22.]), ([30., 30.], [30., 33.], [30., 30.]),
+        ([40., 40.], [40., 40.], [44., 44.]), ([50., 50.], [45., 50.], [50., 55.])])
+    monkeypatch.setattr(hf_models, "interleaved_decode",
+                        lambda model, measure: dict(zip(hf_models.DECODE_VARIANTS, next(calls))))
+    rows = hf_models.Rows(str(tmp_path / "rows.json"), "abc1234")
+    hf_models.generate_rows(rows, lambda: 1e9, small=True, value_heads=(16, 32, 32, 16))
+    got = [(r["shape"].split()[2], r["ms"], r["ratio"]) for r in json.load(open(tmp_path / "rows.json"))]
+    # 32: rounds of models 2 and 3; 16: of models 1 and 4, written last.
+    assert got == [("HV32", 35., None), ("HV32", 36.5, 1.0), ("HV32", 37., round((1 + 1.1) / 2, 4)),
+                   ("HV16", 35., None), ("HV16", 32.5, round((1 + 1.0) / 2, 4)),
+                   ("HV16", 36., round((1.1 + 1.1) / 2, 4))]
+    budget = iter([1e9, 1e9, 0.])  # the third model cut
+    calls = iter([([10.], [11.], [12.]), ([30.], [33.], [36.])])
+    rows = hf_models.Rows(str(tmp_path / "cut.json"), "abc1234")
+    hf_models.generate_rows(rows, lambda: next(budget), small=True, value_heads=(16, 32, 32, 16))
+    got = [(r["shape"].split()[2], r["ms"], r["ratio"]) for r in json.load(open(tmp_path / "cut.json"))]
+    assert got == [("HV16", 10., None), ("HV16", 11., 1.1), ("HV16", 12., 1.2),
+                   ("HV32", 30., None), ("HV32", 33., 1.1), ("HV32", 36., 1.2)]
+
+
 def test_step_clock_times_each_decode_step_inside_generate(monkeypatch):
     """``hf_models.generate_steps``: one time per decode step (the prefill's token is none), from
     a stopping criterion that stops nothing."""
