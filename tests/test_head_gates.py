@@ -13,7 +13,7 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_chunk, qed_chunk_torch, qed_naive, qed_recurrent
 from qedprobe.kernels.qed import chunk as chunk_mod
-from qedprobe.kernels.qed import chunk_common
+from qedprobe.kernels.qed import chunk_common, scalar_gram
 from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, z_for
 
 F64 = torch.float64
@@ -119,7 +119,6 @@ def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
     rule picks): both ways, forced, at group sizes 1 and 3, match float64 qed_naive in the output,
     the final state and every probe (``Sd`` and ``d`` built from the folded or stored rows). The
     rule folds for one value head per q/k head without ``d`` only."""
-    from qedprobe.kernels.qed import scalar_gram
     assert scalar_gram.folds_norms(16, 16, writes_d=False)
     assert not scalar_gram.folds_norms(16, 16, writes_d=True)
     assert not scalar_gram.folds_norms(16, 32, writes_d=False)
@@ -258,12 +257,12 @@ def test_gate_shape_is_checked(shape, msg):
 
 # --- GPU --------------------------------------------------------------------------------------
 
-def _fla_case(form, T_, dtype, seed=0):
+def _fla_case(form, T_, dtype, seed=0, grouped=True):
     """Random bf16/float32 inputs at a model-like shape, K = V = 64, 4 value heads: 2 q/k heads for
-    Gated DeltaNet (grouped value heads, as Qwen3.5), 4 for KDA (one value head per q/k head, as
-    Kimi-Linear)."""
+    Gated DeltaNet (grouped value heads, as Qwen3.5-4B), 4 for KDA or with ``grouped=False`` (one
+    value head per q/k head, as Kimi-Linear and Qwen3.5-0.8B)."""
     gen = torch.Generator().manual_seed(seed)
-    Bq, Hq, HVq, D = 1, 2 if form == "gdn" else 4, 4, 64
+    Bq, Hq, HVq, D = 1, 2 if form == "gdn" and grouped else 4, 4, 64
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     g = -torch.rand(Bq, T_, HVq, *(() if form == "gdn" else (D,)), generator=gen) * 0.1
     x = dict(q=r(Bq, T_, Hq, D), k=r(Bq, T_, Hq, D), v=r(Bq, T_, HVq, D), g=g,
@@ -302,6 +301,33 @@ def test_gpu_long_against_naive(form):
         assert_close(f"{op.__name__} final state", got[1], ref[1], 1e-4)
         for name in ("rho", "d", "Sd", "e"):
             assert_close(f"{op.__name__} {name}", got[2][name], ref[2][name], 1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("probes", [False, ("e", "Sd")])
+def test_gpu_folded_norms_against_naive(probes):
+    """One value head per q/k head and no ``d`` asked for, so the Gram stage stores only the norms
+    (``scalar_gram.folds_norms``): T = 4096, float32, against float64 qed_naive; and bf16 at lam = 0
+    against fla's ``chunk_gated_delta_rule``."""
+    fla = pytest.importorskip("fla.ops", reason="fla is the reference here")
+    x = _fla_case("gdn", 4096, torch.float32, seed=3, grouped=False)
+    assert scalar_gram.folds_norms(x["q"].shape[2], x["v"].shape[2], writes_d=False)
+    x["w"] = torch.rand_like(x["b"])
+    lam = torch.full((4,), 0.1, device="cuda")
+    kw = dict(arm="full", output_final_state=True)
+    inputs = [x[n] for n in ("q", "k", "v", "g", "b", "w")]
+    ref = qed_naive(*(t.double() for t in inputs), lam.double(), return_probes=True, **kw)
+    o, s, got = qed_chunk(*inputs, lam, return_probes=probes, **kw)
+    assert_close("o", o, ref[0], 1e-4)
+    assert_close("final state", s, ref[1], 1e-4)
+    for name in probes or ():
+        assert_close(name, got[name], ref[2][name], 1e-4)
+    xb = {n: t.to(torch.bfloat16) if n in ("q", "k", "v") else t for n, t in x.items()}
+    o, s, _ = qed_chunk(xb["q"], xb["k"], xb["v"], xb["g"], xb["b"], xb["b"], lam * 0, **kw)
+    ro, rs = fla.chunk_gated_delta_rule(xb["q"], xb["k"], xb["v"], xb["g"], xb["b"], output_final_state=True,
+                                        use_qk_l2norm_in_kernel=True)
+    assert_close("o at lam = 0", o, ro, 2e-2)
+    assert_close("final state at lam = 0", s, rs, 2e-2)
 
 
 @gpu
