@@ -17,7 +17,8 @@ matches becomes the rule.
 ``--H`` q/k heads and ``--HV`` value heads, as a Qwen3.5 layer): its state scan with the decay per
 row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
 ``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
-installed, and its output kernel with the probes ``Sd`` on and off (:data:`SCALAR_OUTPUT_CONFIGS`).
+installed, its output kernel with the probes ``Sd`` on and off (:data:`SCALAR_OUTPUT_CONFIGS`) and,
+unless one of the two is screened alone, its Gram stage with probes off and on (:data:`GRAM_CONFIGS`).
 
 Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
 Prints one line per configuration; ``--json`` writes the rows.
@@ -41,7 +42,7 @@ from qedprobe.kernels.qed.chunk_scan import (chunk_output_fwd, chunk_state_fwd, 
                                              scalar_output_config, scalar_output_fwd, state_config)
 from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd, scalar_wy_fwd
 from qedprobe.kernels.qed.inputs import check_qed_inputs
-from qedprobe.kernels.qed.scalar_gram import scalar_gram_fwd
+from qedprobe.kernels.qed.scalar_gram import gram_warps, scalar_gram_fwd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from layer_inputs import head_gate_inputs, per_channel_inputs  # noqa: E402
@@ -59,6 +60,9 @@ ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in 
 """(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``)."""
 SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 """(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
+GRAM_CONFIGS = [(warps, stages) for warps in (4, 8, 16) for stages in (1, 2)]
+"""(warps, stages) of the scalar-gate path's Gram stage (``--head-gates``), probes off and on: with
+probes each program also writes ``d`` for each value head of its group."""
 
 
 def fla_state_scan(x, gram, wy):
@@ -134,6 +138,8 @@ def head_gate_rows(a, dev) -> list[dict]:
         print(rows[-1], flush=True)
     if a.state_only:
         return rows
+    if not a.output_only:
+        rows += gram_rows(x, g, lay, inter)
     for probes in (False, True):
         out_rule = scalar_output_config(P.V, inter, probes)
         output(out_rule, probes)()
@@ -145,6 +151,28 @@ def head_gate_rows(a, dev) -> list[dict]:
                 diff = max(diff, (sd - ref_sd).abs().max().item())
             rows.append(dict(kernel="qed_scalar_output_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2], probes=probes,
                              ms=round(t, 4), rule=cfg == out_rule, max_diff=diff))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def gram_rows(x, g, lay, inter) -> list[dict]:
+    """The scalar-gate Gram stage under each of :data:`GRAM_CONFIGS` and its rule's, probes off and
+    on (``d`` written), each compared with the rule configuration's outputs (every field it writes
+    and the scores)."""
+    def written(out):
+        gram, akk = out
+        return [t for t in vars(gram).values() if t is not None] + [akk]
+
+    rows = []
+    for probes in (False, True):
+        rule = (gram_warps(x.q.shape[-1]), 1)
+        ref = written(scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes))
+        for cfg in list(dict.fromkeys(GRAM_CONFIGS + [rule])):
+            run = lambda: scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes, config=cfg)  # noqa: E731
+            t = timed(run)
+            diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(written(run()), ref, strict=True))
+            rows.append(dict(kernel="qed_scalar_gram_kernel", warps=cfg[0], stages=cfg[1], probes=probes,
+                             ms=round(t, 4), rule=cfg == rule, max_diff=diff))
             print(rows[-1], flush=True)
     return rows
 
