@@ -208,7 +208,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
              dict(common, BK=triton.next_power_of_2(K), IT=tl.float32 if fp32 else tl.bfloat16, L2NORM=True, **FULL,
                   LAM_TOKEN=False, PROBES=probes, WRITE_D=probes, STORE_HATS=not fold, z=None, d_in=None,
-                  HEADS_FIRST=True, **absent("rho", "eig", "cp", "d_out"),
+                  HEADS_FIRST=True, VH_BLOCK=HV // H, **absent("rho", "eig", "cp", "d_out"),
                   **dict.fromkeys(hats if fold else norms)),
              warps or scalar_gram.gram_warps(K))
     if not probes:

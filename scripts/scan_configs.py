@@ -61,8 +61,9 @@ ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in 
 SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 """(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
 GRAM_CONFIGS = [(warps, stages) for warps in (4, 8, 16) for stages in (1, 2)]
-"""(warps, stages) of the scalar-gate path's Gram stage (``--head-gates``), probes off and on: with
-probes each program also writes ``d`` for each value head of its group."""
+"""(warps, stages) of the scalar-gate path's Gram stage (``--head-gates``), probes off and on, each
+with a query/key head's whole group of value heads in one program and with one value head per
+program (with probes each program also writes ``d`` for each of its value heads)."""
 
 
 def fla_state_scan(x, gram, wy):
@@ -156,23 +157,25 @@ def head_gate_rows(a, dev) -> list[dict]:
 
 
 def gram_rows(x, g, lay, inter) -> list[dict]:
-    """The scalar-gate Gram stage under each of :data:`GRAM_CONFIGS` and its rule's, probes off and
-    on (``d`` written), each compared with the rule configuration's outputs (every field it writes
+    """The scalar-gate Gram stage under each of :data:`GRAM_CONFIGS` (value heads per program: the
+    group, one) and its rule's, probes off and on (``d`` written), each compared with the rule configuration's outputs (every field it writes
     and the scores)."""
     def written(out):
         gram, akk = out
         return [t for t in vars(gram).values() if t is not None] + [akk]
 
     rows = []
+    group = g.shape[2] // x.q.shape[2]
+    rule = (gram_warps(x.q.shape[-1]), 1, group)
+    configs = list(dict.fromkeys([(w, st, per) for w, st in GRAM_CONFIGS for per in (group, 1)] + [rule]))
     for probes in (False, True):
-        rule = (gram_warps(x.q.shape[-1]), 1)
         ref = written(scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes))
-        for cfg in list(dict.fromkeys(GRAM_CONFIGS + [rule])):
+        for cfg in configs:
             run = lambda: scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes, config=cfg)  # noqa: E731
             t = timed(run)
             diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(written(run()), ref, strict=True))
-            rows.append(dict(kernel="qed_scalar_gram_kernel", warps=cfg[0], stages=cfg[1], probes=probes,
-                             ms=round(t, 4), rule=cfg == rule, max_diff=diff))
+            rows.append(dict(kernel="qed_scalar_gram_kernel", warps=cfg[0], stages=cfg[1], value_heads=cfg[2],
+                             probes=probes, ms=round(t, 4), rule=cfg == rule, max_diff=diff))
             print(rows[-1], flush=True)
     return rows
 

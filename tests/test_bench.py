@@ -386,8 +386,8 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
     the state scan, the output kernel and the Gram stage gives the rule configuration's results exactly, each
     kernel (and probe setting) has its rule row, and the scalar-gate screen covers value blocks of
-    16, 32, 64 at two to four stages and the Gram stage in 4, 8, 16 warps, one and two stages, with
-    probes and without; with ``--output-only`` (scalar gates) neither a state-scan nor a Gram row."""
+    16, 32, 64 at two to four stages and the Gram stage in 4, 8, 16 warps, one and two stages, a
+    group of two value heads in one program or in two, with probes and without; with ``--output-only`` (scalar gates) neither a state-scan nor a Gram row."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
     args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],
@@ -405,8 +405,9 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
         state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == "qed_state_kernel (decay per row)"}
         assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
         assert {r.get("probes") for r in rows if r["kernel"] == "qed_scalar_output_kernel"} == {False, True}
-        gram = {(r["warps"], r["stages"], r["probes"]) for r in rows if r["kernel"] == "qed_scalar_gram_kernel"}
-        assert gram >= {(w, s, p) for w in (4, 8, 16) for s in (1, 2) for p in (False, True)}
+        gram = {(r["warps"], r["stages"], r["value_heads"], r["probes"]) for r in rows
+                if r["kernel"] == "qed_scalar_gram_kernel"}
+        assert gram >= {(w, s, per, p) for w in (4, 8, 16) for s in (1, 2) for per in (1, 2) for p in (False, True)}
 
 
 @pytest.mark.parametrize("flag,value", [("--op-shapes", "8x"), ("--op-shapes", "8x4096,0x16"),

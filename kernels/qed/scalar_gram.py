@@ -128,9 +128,12 @@ def qed_scalar_gram_kernel(
     IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
     DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
-    WRITE_D: tl.constexpr, STORE_HATS: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    WRITE_D: tl.constexpr, STORE_HATS: tl.constexpr, HEADS_FIRST: tl.constexpr, VH_BLOCK: tl.constexpr,
 ):
-    i_h, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H, BT, IS_VARLEN, HEADS_FIRST)
+    M: tl.constexpr = HV // H
+    PARTS: tl.constexpr = M // VH_BLOCK  # programs per query/key head and chunk
+    i_p, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H * PARTS, BT, IS_VARLEN, HEADS_FIRST)
+    i_h = i_p // PARTS
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
     m_t = rows < eos
@@ -145,12 +148,13 @@ def qed_scalar_gram_kernel(
     if L2NORM:
         r_q = 1. / tl.sqrt(tl.sum(f_q * f_q, 1) + 1e-6)
         r_k = 1. / tl.sqrt(tl.sum(f_k * f_k, 1) + 1e-6)
-        if STORE_HATS:
-            store_tile(qn + i_h * K, f_q * r_q[:, None], rows, m_t, o_k, m_k, H * K)
-            store_tile(kn + i_h * K, f_k * r_k[:, None], rows, m_t, o_k, m_k, H * K)
-        else:
-            tl.store(rq + rows * H + i_h, r_q.to(rq.dtype.element_ty), mask=m_t)
-            tl.store(rk + rows * H + i_h, r_k.to(rk.dtype.element_ty), mask=m_t)
+        if i_p % PARTS == 0:  # by the first program of the query/key head's group
+            if STORE_HATS:
+                store_tile(qn + i_h * K, f_q * r_q[:, None], rows, m_t, o_k, m_k, H * K)
+                store_tile(kn + i_h * K, f_k * r_k[:, None], rows, m_t, o_k, m_k, H * K)
+            else:
+                tl.store(rq + rows * H + i_h, r_q.to(rq.dtype.element_ty), mask=m_t)
+                tl.store(rk + rows * H + i_h, r_k.to(rk.dtype.element_ty), mask=m_t)
     # sums and products of the raw tiles, normalised afterwards by the norms' factors: no normalised
     # tile is formed (fewer registers)
     kk = tl.sum(f_k * f_k, 1) * (r_k * r_k)
@@ -159,9 +163,8 @@ def qed_scalar_gram_kernel(
     XK_q = (tl.dot(c_q, tl.trans(c_k), input_precision=PREC).to(DT) * (r_q[:, None] * r_k[None, :])
             if DIR_SOURCE == "q" else KK * 0.)
     strict = o_t[:, None] > o_t[None, :]
-    M: tl.constexpr = HV // H
-    for i in range(M):
-        i_hv = i_h * M + i
+    for i in range(VH_BLOCK):
+        i_hv = i_p * VH_BLOCK + i
         p = rows * HV + i_hv
         G = tl.cumsum(tl.load(g + p, mask=m_t, other=0.).to(DT), 0)
         b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
@@ -223,11 +226,16 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
     ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
     them once inverted; the norms are folded or ``q_hat, k_hat`` stored as :func:`folds_norms`
-    rules. ``config`` ``(num_warps, num_stages)`` overrides the rule (for
-    screening)."""
-    num_warps, num_stages = config or (gram_warps(x.q.shape[-1]), 1)
+    rules. ``config`` ``(num_warps, num_stages, value heads per program)`` overrides the rule (8
+    warps for ``K > 64``, one stage, the whole group of ``HV / H`` value heads in one program, which
+    forms the query/key head's Gram matrices once; a divisor of the group spreads it over more
+    programs, each forming them again) for screening."""
     B, T, H, K = x.q.shape
     HV = g.shape[2]
+    num_warps, num_stages, vh_block = config or (gram_warps(K), 1, HV // H)
+    if (HV // H) % vh_block:
+        raise ValueError(f"scalar_gram_fwd: config's value heads per program must divide HV // H = {HV // H}, "
+                         f"got {vh_block}")
     dev, st = g.device, lay.state_dtype
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
     fold = folds_norms(H, HV, probes and direction)
@@ -239,7 +247,7 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
                      d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
     akk = torch.empty(B, T, HV, BT, device=dev, dtype=scores_dtype(inter_dtype, st))
-    grid, first = heads_first((lay.grid[0], lay.grid[1] * H // HV))
+    grid, first = heads_first((lay.grid[0], lay.grid[1] // vh_block))
     qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
         rq=out.rq, rk=out.rk, qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
@@ -247,6 +255,7 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
-        DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
+        DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, VH_BLOCK=vh_block, num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out, akk
