@@ -8,6 +8,8 @@ every probe; the explicit per-channel fallback of a differentiable ``qed_chunk``
 GPU (skipped without CUDA): against fla's ``chunk_gated_delta_rule`` / ``chunk_kda`` at
 lambda 0 and against ``qed_naive`` at T = 4096.
 """
+import types
+
 import pytest
 import torch
 
@@ -109,6 +111,17 @@ def test_scalar_gate_path_variants(case):
     assert_outputs_close(got, ref, atol=2e-5 if case == "float32" else 1e-10)
     if case == "given d":
         torch.testing.assert_close(got[2]["d"], kw["d"], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("per_program", [0, 2])
+def test_gram_config_value_heads_per_program_must_divide_the_group(per_program):
+    """``scalar_gram_fwd``'s screening ``config``: value heads per program must divide the group of
+    ``HV // H`` (here 3); anything else is refused by name before anything is allocated."""
+    x = grouped_inputs(B=1, T=16, H=1, HV=3, K=8, V=8, seed=1, lam_token=False)
+    with pytest.raises(ValueError, match=f"value heads per program must be a positive divisor of HV // H = 3, "
+                                         f"got {per_program}"):
+        scalar_gram.scalar_gram_fwd(types.SimpleNamespace(q=x["q"]), x["g"][..., 0], lay=None,
+                                    inter_dtype=torch.float64, probes=False, config=(4, 1, per_program))
 
 
 @pytest.mark.parametrize("fold", [True, False])

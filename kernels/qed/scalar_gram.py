@@ -16,7 +16,7 @@ multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``
 
 and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
 
-``qed_scalar_gram_kernel`` (one program per chunk and query/key head): loads the raw ``q, k`` of
+``qed_scalar_gram_kernel`` (one program per chunk and query/key head, by default): loads the raw ``q, k`` of
 the chunk once and normalises them. Where :func:`folds_norms` says so it stores only their
 reciprocal norms: the later stages read the raw ``q, k``, which they load anyway, and fold the
 norms into per-row factors they apply anyway (the decay of the state scan's residuals, the
@@ -233,9 +233,9 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     B, T, H, K = x.q.shape
     HV = g.shape[2]
     num_warps, num_stages, vh_block = config or (gram_warps(K), 1, HV // H)
-    if (HV // H) % vh_block:
-        raise ValueError(f"scalar_gram_fwd: config's value heads per program must divide HV // H = {HV // H}, "
-                         f"got {vh_block}")
+    if vh_block < 1 or (HV // H) % vh_block:
+        raise ValueError(f"scalar_gram_fwd: config's value heads per program must be a positive divisor of "
+                         f"HV // H = {HV // H}, got {vh_block}")
     dev, st = g.device, lay.state_dtype
     row = lambda: torch.empty(B, T, HV, device=dev, dtype=st)  # noqa: E731
     fold = folds_norms(H, HV, probes and direction)
