@@ -102,11 +102,11 @@ def compile_(kern, types: dict, consts: dict, num_warps: int, num_stages: int = 
 def instruction_mix(cubin: bytes) -> collections.Counter:
     """Opcode counts (modifiers dropped: ``FMUL.FTZ`` is ``FMUL``) of a cubin's SASS, from the
     ``nvdisasm`` beside Triton's ``ptxas``."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
     nvdisasm = os.path.join(os.path.dirname(get_ptxas(TGT.arch).path), "nvdisasm")
-    sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    os.unlink(f.name)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     return collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, re.M))
 
 
@@ -201,6 +201,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
     common = dict(H=H, HV=HV, K=K, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                   chunk_indices=None)
     fold = scalar_gram.folds_norms(H, HV, writes_d=probes)
+    gram_warps, gram_stages, per_program = scalar_gram.gram_config(K, HV // H)
     norms, hats = dict(rq="*fp32", rk="*fp32"), dict(qn=f"*{io}", kn=f"*{io}")
     compile_(scalar_gram.qed_scalar_gram_kernel,
              dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", gc="*fp32", alpha="*fp32",
@@ -208,9 +209,9 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
              dict(common, BK=triton.next_power_of_2(K), IT=tl.float32 if fp32 else tl.bfloat16, L2NORM=True, **FULL,
                   LAM_TOKEN=False, PROBES=probes, WRITE_D=probes, STORE_HATS=not fold, z=None, d_in=None,
-                  HEADS_FIRST=True, VH_BLOCK=HV // H, **absent("rho", "eig", "cp", "d_out"),
+                  HEADS_FIRST=True, VH_BLOCK=per_program, **absent("rho", "eig", "cp", "d_out"),
                   **dict.fromkeys(hats if fold else norms)),
-             warps or scalar_gram.gram_warps(K))
+             warps or gram_warps, gram_stages)
     if not probes:
         compile_(chunk_wy.qed_inverse_kernel, dict(akk=f"*{scores}", ai=f"*{io}", T="i32"),
                  dict(HV=HV, BT=BT, BC=BC, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
@@ -220,7 +221,8 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                       w_gate=f"*{io}", ai=f"*{io}", w=f"*{io}", u=f"*{io}", T="i32",
                       **({"rk": "*fp32"} if fold else {})),
                  dict(common, V=V, BKS=min(chunk_wy.SCALAR_WY_SLICE, K), BVS=min(chunk_wy.SCALAR_WY_SLICE, V),
-                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True, **({} if fold else {"rk": None})),
+                      DIR_SOURCE="q", W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True,
+                      **({} if fold else {"rk": None})),
                  warps or chunk_wy.WY_WARPS)
         for scans in (1 << 20, 64, 1):
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)

@@ -42,7 +42,7 @@ from qedprobe.kernels.qed.chunk_scan import (chunk_output_fwd, chunk_state_fwd, 
                                              scalar_output_config, scalar_output_fwd, state_config)
 from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd, scalar_wy_fwd
 from qedprobe.kernels.qed.inputs import check_qed_inputs
-from qedprobe.kernels.qed.scalar_gram import gram_warps, scalar_gram_fwd
+from qedprobe.kernels.qed.scalar_gram import gram_config, scalar_gram_fwd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from layer_inputs import head_gate_inputs, per_channel_inputs  # noqa: E402
@@ -68,8 +68,9 @@ program (with probes each program also writes ``d`` for each of its value heads)
 
 def fla_state_scan(x, gram, wy):
     """fla's ``chunk_gated_delta_rule_fwd_h`` on the scalar-gate path's ``w``, ``u``, keys (those the
-    state scan reads, in ``w``'s dtype) and cumulative decay, or None without CUDA (fla's autotuner needs a GPU) or fla (its keys
-    have one head per value head: the q/k heads are repeated when grouped)."""
+    state scan reads, in ``w``'s dtype) and cumulative decay, or None without CUDA (fla's autotuner
+    needs a GPU) or fla (its keys have one head per value head: the q/k heads are repeated when
+    grouped)."""
     if not torch.cuda.is_available():
         return None
     try:
@@ -158,15 +159,15 @@ def head_gate_rows(a, dev) -> list[dict]:
 
 def gram_rows(x, g, lay, inter) -> list[dict]:
     """The scalar-gate Gram stage under each of :data:`GRAM_CONFIGS` (value heads per program: the
-    group, one) and its rule's, probes off and on (``d`` written), each compared with the rule configuration's outputs (every field it writes
-    and the scores)."""
+    group, one) and its rule's, probes off and on (``d`` written), each compared with the rule
+    configuration's outputs (every field it writes and the scores)."""
     def written(out):
         gram, akk = out
         return [t for t in vars(gram).values() if t is not None] + [akk]
 
     rows = []
     group = g.shape[2] // x.q.shape[2]
-    rule = (gram_warps(x.q.shape[-1]), 1, group)
+    rule = gram_config(x.q.shape[-1], group)
     configs = list(dict.fromkeys([(w, st, per) for w, st in GRAM_CONFIGS for per in (group, 1)] + [rule]))
     for probes in (False, True):
         ref = written(scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes))

@@ -384,10 +384,11 @@ def test_forward_traffic_joins_measured_kernel_times():
 @pytest.mark.parametrize("mode", ["--head-gates", "--per-channel", "--output-only"])
 def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
-    the state scan, the output kernel and the Gram stage gives the rule configuration's results exactly, each
-    kernel (and probe setting) has its rule row, and the scalar-gate screen covers value blocks of
-    16, 32, 64 at two to four stages and the Gram stage in 4, 8, 16 warps, one and two stages, a
-    group of two value heads in one program or in two, with probes and without; with ``--output-only`` (scalar gates) neither a state-scan nor a Gram row."""
+    the state scan, the output kernel and the Gram stage gives the rule configuration's results
+    exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
+    value blocks of 16, 32, 64 at two to four stages and the Gram stage in 4, 8, 16 warps, one and
+    two stages, a group of two value heads in one program or in two, with probes and without; with
+    ``--output-only`` (scalar gates) neither a state-scan nor a Gram row."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
     args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],

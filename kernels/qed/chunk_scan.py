@@ -383,11 +383,11 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
     queries and keys, or the raw ones with the queries' reciprocal norms applied to the output's
     rows (the keys' are on the rows of ``R``, which the W/U stage scaled), and ``G``, with ``Q K^T``
     formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
-    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). For the probe each program builds ``d = bx x - c k_hat``
-    in registers and stacks it under ``q_hat``: the ``2 BT`` rows ``[q_hat; d]`` go through the same
-    three products as ``q_hat`` alone (``X S0``, ``X K^T``, ``(X K^T * Dec) R``), causal including
-    the diagonal for ``o`` and strictly causal for ``Sd``. ``config`` ``(BV, num_warps, num_stages)``
-    overrides the rule (for screening configurations)."""
+    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). For the probe each
+    program builds ``d = bx x - c k_hat`` in registers and stacks it under ``q_hat``: the ``2 BT``
+    rows ``[q_hat; d]`` go through the same three products as ``q_hat`` alone (``X S0``, ``X K^T``,
+    ``(X K^T * Dec) R``), causal including the diagonal for ``o`` and strictly causal for ``Sd``.
+    ``config`` ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""
     B, T, H, K = x.k.shape
     HV, V = r.shape[2], r.shape[-1]
     BV, num_warps, num_stages = config or scalar_output_config(V, r.dtype, sd is not None)

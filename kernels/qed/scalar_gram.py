@@ -16,21 +16,21 @@ multiplied by the value head's decay matrix (``G`` the within-chunk cumsum of ``
 
 and the erase eigenvalue is ``e_t = 1 - alpha_t |k_hat_t|^2 - gamma_t (x_t . k_hat_t)``.
 
-``qed_scalar_gram_kernel`` (one program per chunk and query/key head, by default): loads the raw ``q, k`` of
-the chunk once and normalises them. Where :func:`folds_norms` says so it stores only their
-reciprocal norms: the later stages read the raw ``q, k``, which they load anyway, and fold the
-norms into per-row factors they apply anyway (the decay of the state scan's residuals, the
-decays of the output stage's scores and state term), so that the normalised vectors, which
-fla's ``l2norm`` kernel writes and its later kernels read, never go through memory. Otherwise it
-stores ``q_hat, k_hat`` for the scan and the output stage. The W/U stage reads the raw ``q, k``
-either way. It forms ``K K^T``
-and ``Q K^T`` once (of the raw tiles as loaded, rows and columns scaled by the norms' factors
-afterwards), then for each of the ``HV / H`` value heads of its group: ``G`` (the decay's cumsum),
-``alpha, gamma`` (stored per row for the W/U stage times the raw vectors' reciprocal norms, so that
-``a_t = (alpha_t r_k) k_t + (gamma_t r_x) x_t`` there from the raw rows) and ``A_kk``
-(:func:`scores_dtype`, for ``chunk_wy.qed_inverse_kernel``); with probes ``rho, e``
-and ``c``, and ``d`` when it is asked for. Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for
-any ``g <= 0``; the pairs above the diagonal are zeroed before the exponential.
+``qed_scalar_gram_kernel`` (one program per chunk and query/key head, by default): loads the raw
+``q, k`` of the chunk once and normalises them. Where :func:`folds_norms` says so it stores only
+their reciprocal norms and the later stages read the raw ``q, k``, which they load anyway: the W/U
+stage puts the keys' norms on the rows of ``W, U`` (so the scan's residuals carry them and pair
+with the raw keys), the output stage applies the queries' norms to its rows at the store; the
+normalised vectors, which fla's ``l2norm`` kernel writes and its later kernels read, never go
+through memory. Otherwise it stores ``q_hat, k_hat`` for the scan and the output stage. The W/U
+stage reads the raw ``q, k`` either way. It forms ``K K^T`` and ``Q K^T`` once (of the raw tiles
+as loaded, rows and columns scaled by the norms' factors afterwards), then for each of the ``HV /
+H`` value heads of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the
+W/U stage times the raw vectors' reciprocal norms, so that ``a_t = (alpha_t r_k) k_t + (gamma_t
+r_x) x_t`` there from the raw rows) and ``A_kk`` (:func:`scores_dtype`, for
+``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, and ``d`` when it is asked for.
+Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above the
+diagonal are zeroed before the exponential.
 """
 from __future__ import annotations
 
@@ -211,11 +211,18 @@ def folds_norms(H: int, HV: int, writes_d: bool) -> bool:
     """Whether the later stages fold the queries' and keys' reciprocal norms in (the Gram stage
     stores only them) rather than read normalised ``q_hat, k_hat`` from memory, by rule: where
     each query/key head has one value head and the direction probe ``d`` is not written. Folding
-    saves the Gram stage the stores of ``q_hat, k_hat`` but costs the scan and the output stage
-    per value head (the factors' loads and products in every program); with several value heads
+    saves the Gram stage the stores of ``q_hat, k_hat`` but costs the W/U and output stages per
+    value head (the factors' loads and products in every program); with several value heads
     per query/key head, or with ``d`` (whose Gram stage gains least), the cost is the larger
     (docs/BENCHMARKS.md)."""
     return HV == H and not writes_d
+
+
+def gram_config(K: int, group: int) -> tuple[int, int, int]:
+    """``(num_warps, num_stages, value heads per program)`` of the Gram stage, by rule:
+    :func:`gram_warps`, one stage, a query/key head's whole ``group`` of value heads in one program
+    (its Gram matrices formed once)."""
+    return gram_warps(K), 1, group
 
 
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
@@ -226,13 +233,12 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
     ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
     them once inverted; the norms are folded or ``q_hat, k_hat`` stored as :func:`folds_norms`
-    rules. ``config`` ``(num_warps, num_stages, value heads per program)`` overrides the rule (8
-    warps for ``K > 64``, one stage, the whole group of ``HV / H`` value heads in one program, which
-    forms the query/key head's Gram matrices once; a divisor of the group spreads it over more
-    programs, each forming them again) for screening."""
+    rules. ``config`` ``(num_warps, num_stages, value heads per program)`` overrides
+    :func:`gram_config` for screening (a divisor of the group spreads it over more programs, each
+    forming the Gram matrices again)."""
     B, T, H, K = x.q.shape
     HV = g.shape[2]
-    num_warps, num_stages, vh_block = config or (gram_warps(K), 1, HV // H)
+    num_warps, num_stages, vh_block = config or gram_config(K, HV // H)
     if vh_block < 1 or (HV // H) % vh_block:
         raise ValueError(f"scalar_gram_fwd: config's value heads per program must be a positive divisor of "
                          f"HV // H = {HV // H}, got {vh_block}")
