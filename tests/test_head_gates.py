@@ -127,8 +127,8 @@ def test_gram_config_value_heads_per_program_must_divide_the_group(per_program):
 @pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("heads", [(2, 2), (1, 3)])
 def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
-    """The Gram stage either stores the queries' and keys' reciprocal norms, folded in by the scan
-    and the output stage, or the normalised vectors themselves (``scalar_gram.folds_norms``'s
+    """The Gram stage either stores the queries' and keys' reciprocal norms, folded in by the W/U
+    and output stages, or the normalised vectors themselves (``scalar_gram.folds_norms``'s
     rule picks): both ways, forced, at group sizes 1 and 3, match float64 qed_naive in the output,
     the final state and every probe (``Sd`` and ``d`` built from the folded or stored rows). The
     rule folds for one value head per q/k head without ``d`` only."""
