@@ -3,7 +3,8 @@ the benchmark shape (or another ``--B``, ``--T``), each result compared with the
 
     python scripts/scan_configs.py [--B 8] [--T 4096] [--H 16] [--K 128] [--V 128] [--state-only | --output-only]
         [--json PATH]
-    python scripts/scan_configs.py --head-gates [--HV 16] [--B 1 --T 32768] [--state-only | --output-only] [--json PATH]
+    python scripts/scan_configs.py --head-gates [--HV 16] [--B 1 --T 32768] [--state-only | --output-only | --gram-only]
+        [--json PATH]
 
 Why: the state scan's ``N * HV * cdiv(V, BV)`` programs (256 at the benchmark shape, 32 at
 ``--B 1 --T 32768`` with ``BV = 64``) each walk every chunk of a sequence in order, so its best value
@@ -18,7 +19,8 @@ matches becomes the rule.
 row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
 ``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
 installed, its output kernel with the probes ``Sd`` on and off (:data:`SCALAR_OUTPUT_CONFIGS`) and,
-unless one of the two is screened alone, its Gram stage with probes off and on (:data:`GRAM_CONFIGS`).
+unless one of the two is screened alone, its Gram stage with probes off and on (:data:`GRAM_CONFIGS`;
+``--gram-only``: that alone).
 
 Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
 Prints one line per configuration; ``--json`` writes the rows.
@@ -60,10 +62,12 @@ ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in 
 """(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``)."""
 SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 """(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
-GRAM_CONFIGS = [(warps, stages) for warps in (4, 8, 16) for stages in (1, 2)]
-"""(warps, stages) of the scalar-gate path's Gram stage (``--head-gates``), probes off and on, each
-with a query/key head's whole group of value heads in one program and with one value head per
-program (with probes each program also writes ``d`` for each of its value heads)."""
+GRAM_CONFIGS = [(warps, 1, maxnreg) for warps in (4, 8) for maxnreg in (None, 128, 168)] + [(16, 1, None)]
+"""(warps, stages, maxnreg) of the scalar-gate path's Gram stage (``--head-gates``), probes off and
+on, each with a query/key head's whole group of value heads in one program and with one value head
+per program (with probes each program also writes ``d`` for each of its value heads); two stages
+time as one (the kernel has no loop to pipeline), and 16 warps hold at most 128 registers anyway
+(above it a program does not fit an SM)."""
 
 
 def fla_state_scan(x, gram, wy):
@@ -118,6 +122,8 @@ def head_gate_rows(a, dev) -> list[dict]:
     q, k, v, g, b, w, lam = (raw[n] for n in ("q", "k", "v", "g", "beta", "beta", "lam"))
     P, inter, lay = screened_problem(q, k, v, g, b, w, lam, dev)
     x = direction_inputs(P, q, k, b, lam, "full", None, None, True)
+    if a.gram_only:
+        return gram_rows(x, g, lay, inter)
     gram, akk = scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=True)
     wy = scalar_wy_fwd(x, gram, v, w, chunk_inverse_fwd(akk, lay=lay, out_dtype=inter), lay=lay)
     hs, r = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter), torch.empty_like(wy.u)
@@ -167,16 +173,17 @@ def gram_rows(x, g, lay, inter) -> list[dict]:
 
     rows = []
     group = g.shape[2] // x.q.shape[2]
-    rule = gram_config(x.q.shape[-1], group)
-    configs = list(dict.fromkeys([(w, st, per) for w, st in GRAM_CONFIGS for per in (group, 1)] + [rule]))
     for probes in (False, True):
+        rule = gram_config(x.q.shape[-1], group, probes)
+        configs = list(dict.fromkeys([(w, st, per, reg) for w, st, reg in GRAM_CONFIGS for per in (group, 1)]
+                                     + [rule]))
         ref = written(scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes))
         for cfg in configs:
             run = lambda: scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes, config=cfg)  # noqa: E731
             t = timed(run)
             diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(written(run()), ref, strict=True))
             rows.append(dict(kernel="qed_scalar_gram_kernel", warps=cfg[0], stages=cfg[1], value_heads=cfg[2],
-                             probes=probes, ms=round(t, 4), rule=cfg == rule, max_diff=diff))
+                             maxnreg=cfg[3], probes=probes, ms=round(t, 4), rule=cfg == rule, max_diff=diff))
             print(rows[-1], flush=True)
     return rows
 
@@ -201,9 +208,12 @@ def main():
     ap.add_argument("--state-only", action="store_true", help="screen the state scan only, not the output kernel")
     ap.add_argument("--output-only", action="store_true",
                     help="screen the output kernel only (the state scan launched once at its rule)")
+    ap.add_argument("--gram-only", action="store_true", help="screen the Gram stage only (--head-gates)")
     a = ap.parse_args()
-    if a.state_only and a.output_only:
-        ap.error("--state-only and --output-only exclude each other")
+    if a.state_only + a.output_only + a.gram_only > 1:
+        ap.error("--state-only, --output-only and --gram-only exclude each other")
+    if a.gram_only and not a.head_gates:
+        ap.error("--gram-only screens the scalar-gate path's Gram stage: it needs --head-gates")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if a.HV is not None and not a.head_gates:
         ap.error("--HV is the scalar-gate path's value heads: it needs --head-gates")

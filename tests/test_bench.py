@@ -381,18 +381,20 @@ def test_forward_traffic_joins_measured_kernel_times():
     assert got[intra][1] == "0.250"
 
 
-@pytest.mark.parametrize("mode", ["--head-gates", "--per-channel", "--output-only"])
+@pytest.mark.parametrize("mode", ["--head-gates", "--per-channel", "--output-only", "--gram-only"])
 def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
     the state scan, the output kernel and the Gram stage gives the rule configuration's results
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
-    value blocks of 16, 32, 64 at two to four stages and the Gram stage in 4, 8, 16 warps, one and
-    two stages, a group of two value heads in one program or in two, with probes and without; with
-    ``--output-only`` (scalar gates) neither a state-scan nor a Gram row."""
+    value blocks of 16, 32, 64 at two to four stages and the Gram stage in 4 and 8 warps with ptxas'
+    register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one program or in two,
+    with probes and without; with ``--output-only`` (scalar gates) neither a state-scan nor a Gram
+    row, with ``--gram-only`` Gram rows alone."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
     args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],
-             "--output-only": ["--head-gates", "--HV", "2", "--output-only"]}[mode]
+             "--output-only": ["--head-gates", "--HV", "2", "--output-only"],
+             "--gram-only": ["--head-gates", "--HV", "2", "--gram-only"]}[mode]
     done = subprocess.run([sys.executable, str(BENCH.parent / "scripts" / "scan_configs.py"), *args],
                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -402,13 +404,17 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     assert all(sum(r["rule"] for r in rows if (r["kernel"], r.get("probes")) == kind) >= 1 for kind in kinds)
     if mode == "--output-only":
         assert {r["kernel"] for r in rows} == {"qed_scalar_output_kernel"}
+    if mode in ("--head-gates", "--gram-only"):
+        gram = {(r["warps"], r["maxnreg"], r["value_heads"], r["probes"]) for r in rows
+                if r["kernel"] == "qed_scalar_gram_kernel"}
+        assert gram >= {(w, reg, per, p) for w, reg in [(w, reg) for w in (4, 8) for reg in (None, 128, 168)]
+                        + [(16, None)] for per in (1, 2) for p in (False, True)}
+    if mode == "--gram-only":
+        assert {r["kernel"] for r in rows} == {"qed_scalar_gram_kernel"}
     if mode == "--head-gates":
         state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == "qed_state_kernel (decay per row)"}
         assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
         assert {r.get("probes") for r in rows if r["kernel"] == "qed_scalar_output_kernel"} == {False, True}
-        gram = {(r["warps"], r["stages"], r["value_heads"], r["probes"]) for r in rows
-                if r["kernel"] == "qed_scalar_gram_kernel"}
-        assert gram >= {(w, s, per, p) for w in (4, 8, 16) for s in (1, 2) for per in (1, 2) for p in (False, True)}
 
 
 @pytest.mark.parametrize("flag,value", [("--op-shapes", "8x"), ("--op-shapes", "8x4096,0x16"),

@@ -121,7 +121,7 @@ def test_gram_config_value_heads_per_program_must_divide_the_group(per_program):
     with pytest.raises(ValueError, match=f"value heads per program must be a positive divisor of HV // H = 3, "
                                          f"got {per_program}"):
         scalar_gram.scalar_gram_fwd(types.SimpleNamespace(q=x["q"]), x["g"][..., 0], lay=None,
-                                    inter_dtype=torch.float64, probes=False, config=(4, 1, per_program))
+                                    inter_dtype=torch.float64, probes=False, config=(4, 1, per_program, None))
 
 
 @pytest.mark.parametrize("fold", [True, False])

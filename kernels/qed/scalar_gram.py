@@ -28,7 +28,9 @@ as loaded, rows and columns scaled by the norms' factors afterwards), then for e
 H`` value heads of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the
 W/U stage times the raw vectors' reciprocal norms, so that ``a_t = (alpha_t r_k) k_t + (gamma_t
 r_x) x_t`` there from the raw rows) and ``A_kk`` (:func:`scores_dtype`, for
-``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, and ``d`` when it is asked for.
+``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, and ``d`` when it is asked for,
+in a second pass over the group from the raw tiles loaded again (from L2), so that they are not held
+in registers through the first pass.
 Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above the
 diagonal are zeroed before the exponential.
 """
@@ -112,6 +114,15 @@ def _direction_tiles(z, d_in, f_q, r_q, f_k, r_k, c_k, qk, XK_q, rows, m_t, o_k,
     return x, xs, xk, XK
 
 
+@triton.jit
+def _direction_gates(b_b, xk, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constexpr):
+    """``(bx, c)`` per row: the direction's gate (``b`` for the gated arms, else 1) and its
+    component along the key, ``c = bx xk`` for the projected arms (else 0)."""
+    bx = b_b if DIR_GATED else b_b * 0. + 1.
+    c = bx * xk if DIR_PROJECTED else xk * 0.
+    return bx, c
+
+
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["rho"] is not None,
@@ -171,8 +182,7 @@ def qed_scalar_gram_kernel(
         b_l = row_lam(lam + i_hv, rows, m_t, HV, LAM_TOKEN, DT)
         x, xs, xk, XK = _direction_tiles(z, d_in, f_q, r_q, f_k, r_k, c_k, qk, XK_q, rows, m_t, o_k, m_k, i_hv, HV,
                                          K, DIR_SOURCE, DT, PREC)
-        bx = b_b if DIR_GATED else b_b * 0. + 1.
-        c = bx * xk if DIR_PROJECTED else xk * 0.
+        bx, c = _direction_gates(b_b, xk, DIR_GATED, DIR_PROJECTED)
         b_al = b_b - b_l * c
         b_ga = b_l * bx if DIR_SOURCE != "none" else b_l * 0.
         tl.store(gc + p, G.to(gc.dtype.element_ty), mask=m_t)
@@ -185,7 +195,17 @@ def qed_scalar_gram_kernel(
             tl.store(rho + p, qk.to(rho.dtype.element_ty), mask=m_t)
             tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
             tl.store(cp + p, c.to(cp.dtype.element_ty), mask=m_t)
-        if WRITE_D:
+    if WRITE_D:
+        # a second pass over the group, from the tiles loaded again (from L2): the raw tiles are not
+        # held through the first one's products, so the kernel keeps the registers it has without d
+        f_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+        f_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
+        for i in range(VH_BLOCK):
+            i_hv = i_p * VH_BLOCK + i
+            b_b = tl.load(b + rows * HV + i_hv, mask=m_t, other=0.).to(DT)
+            x, xs, xk, _ = _direction_tiles(z, d_in, f_q, r_q, f_k, r_k, c_k, qk, XK_q, rows, m_t, o_k, m_k, i_hv,
+                                            HV, K, DIR_SOURCE, DT, PREC)
+            bx, c = _direction_gates(b_b, xk, DIR_GATED, DIR_PROJECTED)
             store_tile(d_out + i_hv * K, (bx * xs)[:, None] * x - (c * r_k)[:, None] * f_k, rows, m_t, o_k, m_k,
                        HV * K)
 
@@ -218,27 +238,38 @@ def folds_norms(H: int, HV: int, writes_d: bool) -> bool:
     return HV == H and not writes_d
 
 
-def gram_config(K: int, group: int) -> tuple[int, int, int]:
-    """``(num_warps, num_stages, value heads per program)`` of the Gram stage, by rule:
-    :func:`gram_warps`, one stage, a query/key head's whole ``group`` of value heads in one program
-    (its Gram matrices formed once)."""
-    return gram_warps(K), 1, group
+GRAM_MAXNREG = 128
+"""Register cap (ptxas ``.maxnreg``) of the Gram stage in 8 warps: two programs per SM, where
+ptxas alone takes 165-201 registers with probes (one program per SM) and 100-126 without them
+(with the cap it schedules them faster; docs/BENCHMARKS.md)."""
+
+
+def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | None]:
+    """``(num_warps, num_stages, value heads per program, maxnreg)`` of the Gram stage, by rule: one
+    stage, a query/key head's whole ``group`` of value heads in one program (its Gram matrices
+    formed once), :func:`gram_warps` capped at :data:`GRAM_MAXNREG` registers in 8 warps; with
+    probes and four or more value heads per group 4 warps uncapped (each program writes ``d`` for
+    each of its value heads, and more, smaller programs keep more of those stores in flight)."""
+    if probes and group >= 4:
+        return 4, 1, group, None
+    warps = gram_warps(K)
+    return warps, 1, group, GRAM_MAXNREG if warps == 8 else None
 
 
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
                     probes: bool, direction: bool = True,
-                    config: tuple[int, int] | None = None) -> tuple[ScalarGram, torch.Tensor]:
+                    config: tuple[int, int, int, int | None] | None = None) -> tuple[ScalarGram, torch.Tensor]:
     """Launch ``qed_scalar_gram_kernel`` (grid: query/key heads x chunks,
     :func:`~.chunk_common.heads_first`) on per-head ``g`` and ``x.b`` (``[B, T, HV]``); with
     ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
     ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
     them once inverted; the norms are folded or ``q_hat, k_hat`` stored as :func:`folds_norms`
-    rules. ``config`` ``(num_warps, num_stages, value heads per program)`` overrides
+    rules. ``config`` ``(num_warps, num_stages, value heads per program, maxnreg)`` overrides
     :func:`gram_config` for screening (a divisor of the group spreads it over more programs, each
     forming the Gram matrices again)."""
     B, T, H, K = x.q.shape
     HV = g.shape[2]
-    num_warps, num_stages, vh_block = config or gram_config(K, HV // H)
+    num_warps, num_stages, vh_block, maxnreg = config or gram_config(K, HV // H, probes)
     if vh_block < 1 or (HV // H) % vh_block:
         raise ValueError(f"scalar_gram_fwd: config's value heads per program must be a positive divisor of "
                          f"HV // H = {HV // H}, got {vh_block}")
@@ -262,6 +293,6 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, VH_BLOCK=vh_block, num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages, maxnreg=maxnreg,
     )
     return out, akk
