@@ -15,7 +15,7 @@ import torch
 
 from qedprobe.kernels.qed import ARMS, qed_chunk, qed_chunk_torch, qed_naive, qed_recurrent
 from qedprobe.kernels.qed import chunk as chunk_mod
-from qedprobe.kernels.qed import chunk_common, scalar_gram
+from qedprobe.kernels.qed import chunk_common, chunk_scan, scalar_gram
 from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, z_for
 
 F64 = torch.float64
@@ -122,6 +122,16 @@ def test_gram_config_value_heads_per_program_must_divide_the_group(per_program):
                                          f"got {per_program}"):
         scalar_gram.scalar_gram_fwd(types.SimpleNamespace(q=x["q"]), x["g"][..., 0], lay=None,
                                     inter_dtype=torch.float64, probes=False, config=(4, 1, per_program, None))
+
+
+@pytest.mark.parametrize("sub_block", [0, 3, 128])
+def test_scalar_output_config_sub_block_must_divide_the_value_block(sub_block):
+    """``scalar_output_fwd``'s screening ``config``: the value sub-block ``BVS`` must be a power of two
+    dividing the value block (here 64); anything else is refused by name before the launch."""
+    k, r = torch.zeros(1, 64, 1, 16), torch.zeros(1, 64, 2, 64)
+    with pytest.raises(ValueError, match=f"BVS must be a power of two dividing BV = 64, got {sub_block}"):
+        chunk_scan.scalar_output_fwd(None, types.SimpleNamespace(k=k), None, hs=None, r=r, o=None, scale=1.0,
+                                     config=(64, 4, 1, sub_block, None))
 
 
 @pytest.mark.parametrize("fold", [True, False])
