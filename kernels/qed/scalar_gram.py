@@ -196,8 +196,8 @@ def qed_scalar_gram_kernel(
             tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
             tl.store(cp + p, c.to(cp.dtype.element_ty), mask=m_t)
     if WRITE_D:
-        # a second pass over the group, from the tiles loaded again (from L2): the raw tiles are not
-        # held through the first one's products, so the kernel keeps the registers it has without d
+        # a second pass over the group, from the raw tiles loaded again (from L2), so that the
+        # first pass does not hold them in registers through its products
         f_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
         f_k = load_tile(k + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
         for i in range(VH_BLOCK):
