@@ -240,8 +240,8 @@ def folds_norms(H: int, HV: int, writes_d: bool) -> bool:
 
 GRAM_MAXNREG = 128
 """Register cap (ptxas ``.maxnreg``) of the Gram stage in 8 warps: two programs per SM, where
-ptxas alone takes 165-201 registers with probes (one program per SM) and 100-126 without them
-(with the cap it schedules them faster; docs/BENCHMARKS.md)."""
+ptxas alone takes enough registers with probes for only one (docs/BENCHMARKS.md has the counts
+and the timings)."""
 
 
 def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | None]:
