@@ -84,6 +84,21 @@ def test_scalar_gate_path_every_arm(arm, monkeypatch):
     assert len(seen) == 1
 
 
+@pytest.mark.parametrize("arm", ARMS)
+def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
+    """The launches the screens try beside the rules: the Gram stage with one value head per program
+    (``scalar_gram_fwd``'s ``config``) and the output kernel in value sub-blocks of half its block
+    (``scalar_output_fwd``'s ``config``), forced through ``qed_chunk``: every arm, probe and option
+    (grouped heads, packed sequences, both states) still matches float64 qed_naive."""
+    rule_gram, rule_out = scalar_gram.gram_config, chunk_scan.scalar_output_config
+    monkeypatch.setattr(scalar_gram, "gram_config", lambda K, group, probes: (*rule_gram(K, group, probes)[:2], 1, None))
+    monkeypatch.setattr(chunk_scan, "scalar_output_config",
+                        lambda V, dt, probes: (lambda c: (c[0], c[1], c[2], c[0] // 2, None))(rule_out(V, dt, probes)))
+    x, wide = head_case("gdn", 40 + ARMS.index(arm))
+    kw = options(arm, 40 + ARMS.index(arm))
+    assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(wide), **kw), atol=1e-10)
+
+
 @pytest.mark.parametrize("case", ["one value head per q/k head", "three per q/k head", "given d", "w per channel",
                                   "no qk norm", "float32"])
 def test_scalar_gate_path_variants(case):
