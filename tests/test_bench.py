@@ -386,11 +386,11 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
     the state scan, the output kernel and the Gram stage gives the rule configuration's results
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
-    value blocks of 16, 32, 64 at two to four stages and the Gram stage in 4 and 8 warps with ptxas'
-    register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one program or in two,
-    with probes and without, and the scalar-gate output kernel in value sub-blocks of 128, 64 and 32
-    in 4 and 8 warps with and without a register cap; with ``--output-only`` (scalar gates) neither a state-scan nor a Gram
-    row, with ``--gram-only`` Gram rows alone."""
+    value blocks of 16, 32, 64 at two to four stages; the Gram stage in 4 and 8 warps with ptxas'
+    register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one
+    program or in two, with probes and without; and the output kernel in value sub-blocks of 128,
+    64 and 32 in 4 and 8 warps with and without a register cap. With ``--output-only`` (scalar
+    gates) neither a state-scan nor a Gram row, with ``--gram-only`` Gram rows alone."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
     args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],

@@ -91,9 +91,17 @@ def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
     (``scalar_output_fwd``'s ``config``), forced through ``qed_chunk``: every arm, probe and option
     (grouped heads, packed sequences, both states) still matches float64 qed_naive."""
     rule_gram, rule_out = scalar_gram.gram_config, chunk_scan.scalar_output_config
-    monkeypatch.setattr(scalar_gram, "gram_config", lambda K, group, probes: (*rule_gram(K, group, probes)[:2], 1, None))
-    monkeypatch.setattr(chunk_scan, "scalar_output_config",
-                        lambda V, dt, probes: (lambda c: (c[0], c[1], c[2], c[0] // 2, None))(rule_out(V, dt, probes)))
+
+    def one_value_head_per_program(K, group, probes):
+        warps, stages, _, _ = rule_gram(K, group, probes)
+        return warps, stages, 1, None
+
+    def half_value_sub_blocks(V, inter_dtype, probes):
+        BV, warps, stages, _, _ = rule_out(V, inter_dtype, probes)
+        return BV, warps, stages, BV // 2, None
+
+    monkeypatch.setattr(scalar_gram, "gram_config", one_value_head_per_program)
+    monkeypatch.setattr(chunk_scan, "scalar_output_config", half_value_sub_blocks)
     x, wide = head_case("gdn", 40 + ARMS.index(arm))
     kw = options(arm, 40 + ARMS.index(arm))
     assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(wide), **kw), atol=1e-10)
