@@ -228,14 +228,14 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
             print(f"BV={BV:<3d}", end=" ")
             compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
-    BV, nw, stages, BVS, out_maxnreg = scalar_output_config(V, dtype, probes)
+    BV, nw, stages = scalar_output_config(V, dtype, probes)
     compile_(qed_scalar_output_kernel,
              dict(q=f"*{io}", k=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
                   scale="fp32", **(norms if fold else {}), **opt(cp="*fp32", sd="*fp32")),
              dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE="q", DIR_GATED=True, PROBES=probes,
-                  FOLD_NORMS=fold, z=None, d_in=None, HEADS_FIRST=True, BVS=BVS, **absent("cp", "sd"),
+                  FOLD_NORMS=fold, z=None, d_in=None, HEADS_FIRST=True, **absent("cp", "sd"),
                   **({} if fold else dict.fromkeys(norms))),
-             warps or nw, stages, maxnreg=out_maxnreg)
+             warps or nw, stages)
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):

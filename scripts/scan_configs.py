@@ -60,11 +60,8 @@ OUTPUT_CONFIGS = [(bv, warps, kb, stages) for bv in (64, 128) for warps in (4, 8
 and on; (256, 1): one key block, unpipelined, as by default."""
 ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in (2, 3, 4)]
 """(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``)."""
-SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1, bvs, maxnreg) for bv in (64, 128) for bvs in (128, 64, 32) if bvs <= bv
-                         for warps, maxnreg in ((4, None), (4, 168), (8, None), (8, 128))]
-"""(BV, warps, stages, value sub-block BVS, maxnreg) of the scalar-gate output kernel (``--head-gates``),
-probes off and on; the caps are those that fit one more program per SM (3 of 4 warps at 168
-registers, 2 of 8 at 128)."""
+SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
+"""(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
 GRAM_CONFIGS = [(warps, 1, maxnreg) for warps in (4, 8) for maxnreg in (None, 128, 168)] + [(16, 1, None)]
 """(warps, stages, maxnreg) of the scalar-gate path's Gram stage (``--head-gates``), probes off and
 on, each with a query/key head's whole group of value heads in one program and with one value head
@@ -160,8 +157,8 @@ def head_gate_rows(a, dev) -> list[dict]:
             diff = (o - ref_o).abs().max().item()
             if probes:
                 diff = max(diff, (sd - ref_sd).abs().max().item())
-            rows.append(dict(kernel="qed_scalar_output_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2], BVS=cfg[3],
-                             maxnreg=cfg[4], probes=probes, ms=round(t, 4), rule=cfg == out_rule, max_diff=diff))
+            rows.append(dict(kernel="qed_scalar_output_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2], probes=probes,
+                             ms=round(t, 4), rule=cfg == out_rule, max_diff=diff))
             print(rows[-1], flush=True)
     return rows
 

@@ -388,9 +388,8 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
     value blocks of 16, 32, 64 at two to four stages; the Gram stage in 4 and 8 warps with ptxas'
     register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one
-    program or in two, with probes and without; and the output kernel in value sub-blocks of 128,
-    64 and 32 in 4 and 8 warps with and without a register cap. With ``--output-only`` (scalar
-    gates) neither a state-scan nor a Gram row, with ``--gram-only`` Gram rows alone."""
+    program or in two, with probes and without. With ``--output-only`` (scalar gates) neither a
+    state-scan nor a Gram row, with ``--gram-only`` Gram rows alone."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
     args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],
@@ -416,9 +415,6 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
         state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == "qed_state_kernel (decay per row)"}
         assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
         assert {r.get("probes") for r in rows if r["kernel"] == "qed_scalar_output_kernel"} == {False, True}
-        out = {(r["BVS"], r["warps"], r["maxnreg"], r["probes"]) for r in rows if r["kernel"] == "qed_scalar_output_kernel"}
-        assert out >= {(bvs, w, reg, p) for bvs in (128, 64, 32) for w, reg in ((4, None), (4, 168), (8, None), (8, 128))
-                       for p in (False, True)}
 
 
 @pytest.mark.parametrize("flag,value", [("--op-shapes", "8x"), ("--op-shapes", "8x4096,0x16"),

@@ -86,22 +86,16 @@ def test_scalar_gate_path_every_arm(arm, monkeypatch):
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
-    """The launches the screens try beside the rules: the Gram stage with one value head per program
-    (``scalar_gram_fwd``'s ``config``) and the output kernel in value sub-blocks of half its block
-    (``scalar_output_fwd``'s ``config``), forced through ``qed_chunk``: every arm, probe and option
+    """The launch the Gram screen tries beside the rule, one value head per program
+    (``scalar_gram_fwd``'s ``config``), forced through ``qed_chunk``: every arm, probe and option
     (grouped heads, packed sequences, both states) still matches float64 qed_naive."""
-    rule_gram, rule_out = scalar_gram.gram_config, chunk_scan.scalar_output_config
+    rule_gram = scalar_gram.gram_config
 
     def one_value_head_per_program(K, group, probes):
         warps, stages, _, _ = rule_gram(K, group, probes)
         return warps, stages, 1, None
 
-    def half_value_sub_blocks(V, inter_dtype, probes):
-        BV, warps, stages, _, _ = rule_out(V, inter_dtype, probes)
-        return BV, warps, stages, BV // 2, None
-
     monkeypatch.setattr(scalar_gram, "gram_config", one_value_head_per_program)
-    monkeypatch.setattr(chunk_scan, "scalar_output_config", half_value_sub_blocks)
     x, wide = head_case("gdn", 40 + ARMS.index(arm))
     kw = options(arm, 40 + ARMS.index(arm))
     assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(wide), **kw), atol=1e-10)
@@ -147,16 +141,6 @@ def test_gram_config_value_heads_per_program_must_divide_the_group(per_program):
                                     inter_dtype=torch.float64, probes=False, config=(4, 1, per_program, None))
 
 
-@pytest.mark.parametrize("sub_block", [0, 3, 128])
-def test_scalar_output_config_sub_block_must_divide_the_value_block(sub_block):
-    """``scalar_output_fwd``'s screening ``config``: the value sub-block ``BVS`` must be a power of two
-    dividing the value block (here 64); anything else is refused by name before the launch."""
-    k, r = torch.zeros(1, 64, 1, 16), torch.zeros(1, 64, 2, 64)
-    with pytest.raises(ValueError, match=f"BVS must be a power of two dividing BV = 64, got {sub_block}"):
-        chunk_scan.scalar_output_fwd(None, types.SimpleNamespace(k=k), None, hs=None, r=r, o=None, scale=1.0,
-                                     config=(64, 4, 1, sub_block, None))
-
-
 @pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("heads", [(2, 2), (1, 3)])
 def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
@@ -191,7 +175,6 @@ def test_scalar_gate_state_scan_value_blocks_agree(monkeypatch):
     independent columns), both matching float64 qed_naive. Float32 inputs: the interpreter has no
     bf16 products, so the launch is forced rather than chosen by the rule (its choices are
     ``tests/test_chunk.py::test_row_decay_state_scan_rule``)."""
-    from qedprobe.kernels.qed import chunk_scan
     x = grouped_inputs(B=1, T=70, H=1, HV=2, K=32, V=64, seed=41, device=DEVICE)
     x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
     kw = dict(arm="full", output_final_state=True, return_probes=True)

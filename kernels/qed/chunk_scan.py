@@ -296,14 +296,13 @@ def qed_scalar_output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr, FOLD_NORMS: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, BVS: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     i_x, i_bh = chunk_axes(HEADS_FIRST)
     i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
     i_h = i_hv // (HV // H)
-    # the value block's first sub-block of BVS channels
-    o_t, o_k, o_vj, m_k, m_vj = scan_ranges((i_x % NV) * (BV // BVS), K, V, BT, BK, BVS)
+    o_t, o_k, o_v, m_k, m_v = scan_ranges(i_x % NV, K, V, BT, BK, BV)
     # with probes the rows are stacked: the chunk's queries (-> o), then its directions (-> Sd)
     SR: tl.constexpr = 2 * BT if PROBES else BT
     o_s = tl.arange(0, SR)
@@ -317,10 +316,8 @@ def qed_scalar_output_kernel(
     gc += r0 * HV + i_hv
     IT: tl.constexpr = r.dtype.element_ty
     b_k = load_tile(k, o_t, m_t, o_k, m_k, H * K, IT)
-    p_h = hs + (i_g * HV + i_hv) * K * V
-    p_r = r + r0 * (HV * V) + i_hv * V
-    b_h = load_tile(p_h, o_k, m_k, o_vj, m_vj, V, hs.dtype.element_ty)
-    b_r = load_tile(p_r, o_t, m_t, o_vj, m_vj, HV * V, IT)
+    b_h = load_tile(hs + (i_g * HV + i_hv) * K * V, o_k, m_k, o_v, m_v, V, hs.dtype.element_ty)
+    b_r = load_tile(r + r0 * (HV * V) + i_hv * V, o_t, m_t, o_v, m_v, HV * V, r.dtype.element_ty)
     b_G = tl.load(gc + o_t * HV, mask=m_t, other=0.).to(DT)
     if PROBES:
         # d_t = bx_t x_t - c_t k_hat_t; Sd_t = d_t^T S_bar_t, the state before token t (j < t)
@@ -351,43 +348,35 @@ def qed_scalar_output_kernel(
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
     dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
-    b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(IT)
-    for j in tl.static_range(BV // BVS):
-        b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
-        p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_vj[None, :]
-        m_o = m_s[:, None] & m_vj[None, :]
-        if j + 1 < BV // BVS:  # the next value sub-block's loads in flight during this one's stores
-            o_vj = o_vj + BVS
-            m_vj = o_vj < V
-            b_h = load_tile(p_h, o_k, m_k, o_vj, m_vj, V, hs.dtype.element_ty)
-            b_r = load_tile(p_r, o_t, m_t, o_vj, m_vj, HV * V, IT)
-        if FOLD_NORMS:  # the raw queries' norms on their rows (the keys' are on R's rows: the W/U stage's)
-            b_os = b_o * (r_x * scale)[:, None]
-        else:
-            b_os = b_o * scale
-        tl.store(o + p_o, b_os.to(o.dtype.element_ty), mask=m_o & top[:, None])
-        if PROBES:
-            tl.store(sd + p_o, b_o.to(sd.dtype.element_ty), mask=m_o & ~top[:, None])
+    b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(b_r.dtype)
+    b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
+    p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
+    m_o = m_s[:, None] & m_v[None, :]
+    if FOLD_NORMS:  # the raw queries' norms on their rows (the keys' are on R's rows: the W/U stage's)
+        b_os = b_o * (r_x * scale)[:, None]
+    else:
+        b_os = b_o * scale
+    tl.store(o + p_o, b_os.to(o.dtype.element_ty), mask=m_o & top[:, None])
+    if PROBES:
+        tl.store(sd + p_o, b_o.to(sd.dtype.element_ty), mask=m_o & ~top[:, None])
 
 
-def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int, int, int | None]:
-    """``(BV, num_warps, num_stages, BVS, maxnreg)`` of the scalar-gate output kernel, by rule: bf16
-    tiles take the whole value axis up to 128 in 4 warps, with probes or without (with them the
-    ``2 BT`` stacked rows ``[q_hat; d]`` go through the products once per chunk rather than once per
-    value block; on an H100 4 warps are faster than 8 or value blocks of 64, docs/BENCHMARKS.md),
-    in one value sub-block (``BVS = BV``) with ptxas' registers; float32 / float64 tiles as
-    :func:`output_config`, unpipelined, but in 4 warps where the value block is narrower than 32: in
-    8 warps Triton's code for the ``[BT, 16]`` products reads shared memory out of bounds on an H100
-    (compute-sanitizer; an illegal memory access at K = V = 16)."""
+def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int]:
+    """``(BV, num_warps, num_stages)`` of the scalar-gate output kernel, by rule: bf16 tiles take the
+    whole value axis up to 128 in 4 warps, with probes or without (with them the ``2 BT`` stacked
+    rows ``[q_hat; d]`` go through the products once per chunk rather than once per value block; on
+    an H100 4 warps are faster than 8 or value blocks of 64, docs/BENCHMARKS.md); float32 / float64
+    tiles as :func:`output_config`, unpipelined, but in 4 warps where the value block is narrower
+    than 32: in 8 warps Triton's code for the ``[BT, 16]`` products reads shared memory out of
+    bounds on an H100 (compute-sanitizer; an illegal memory access at K = V = 16)."""
     if inter_dtype == torch.bfloat16:
-        BV = min(128, triton.next_power_of_2(V))
-        return BV, 4, 1, BV, None
+        return min(128, triton.next_power_of_2(V)), 4, 1
     BV, num_warps = output_config(V, inter_dtype, probes)
-    return BV, num_warps if BV >= 32 else 4, 1, BV, None
+    return BV, num_warps if BV >= 32 else 4, 1
 
 
 def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=None,
-                      config: tuple[int, int, int, int, int | None] | None = None) -> None:
+                      config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: value heads x chunks x value blocks,
     :func:`~.chunk_common.heads_first`) of the scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T
     * Dec) R)`` from the Gram stage's ``intra`` (``scalar_gram.ScalarGram``): its normalised
@@ -398,21 +387,16 @@ def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=
     program builds ``d = bx x - c k_hat`` in registers and stacks it under ``q_hat``: the ``2 BT``
     rows ``[q_hat; d]`` go through the same three products as ``q_hat`` alone (``X S0``, ``X K^T``,
     ``(X K^T * Dec) R``), causal including the diagonal for ``o`` and strictly causal for ``Sd``.
-    A program forms ``X K^T * Dec`` once and takes its value block ``BV`` in sub-blocks of ``BVS``
-    (the state's and ``R``'s columns loaded, multiplied and stored one sub-block at a time: a
-    smaller accumulator and fewer shared-memory bytes per program). ``config`` ``(BV, num_warps,
-    num_stages, BVS, maxnreg)`` overrides the rule (for screening configurations)."""
+    ``config`` ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""
     B, T, H, K = x.k.shape
     HV, V = r.shape[2], r.shape[-1]
-    BV, num_warps, num_stages, BVS, maxnreg = config or scalar_output_config(V, r.dtype, sd is not None)
-    if BVS < 1 or BV % BVS or BVS & (BVS - 1):
-        raise ValueError(f"scalar_output_fwd: config's BVS must be a power of two dividing BV = {BV}, got {BVS}")
+    BV, num_warps, num_stages = config or scalar_output_config(V, r.dtype, sd is not None)
     grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
     q, k = intra.qk_rows(x)
     qed_scalar_output_kernel[grid](
         q=q, k=k, rq=intra.rq, rk=intra.rk, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
-        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, BVS=BVS, num_warps=num_warps,
-        num_stages=num_stages, maxnreg=maxnreg,
+        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps,
+        num_stages=num_stages,
     )
