@@ -201,7 +201,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
     common = dict(H=H, HV=HV, K=K, BT=BT, DT=tl.float32, PREC=prec, IS_VARLEN=False, cu_seqlens=None,
                   chunk_indices=None)
     fold = scalar_gram.folds_norms(H, HV, writes_d=probes)
-    gram_warps, gram_stages, per_program, gram_maxnreg = scalar_gram.gram_config(K, HV // H, probes)
+    gram_warps, gram_stages, per_program, gram_maxnreg, d_late = scalar_gram.gram_config(K, HV // H, probes)
     norms, hats = dict(rq="*fp32", rk="*fp32"), dict(qn=f"*{io}", kn=f"*{io}")
     compile_(scalar_gram.qed_scalar_gram_kernel,
              dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", gc="*fp32", alpha="*fp32",
@@ -209,7 +209,7 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                   **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
              dict(common, BK=triton.next_power_of_2(K), IT=tl.float32 if fp32 else tl.bfloat16, L2NORM=True, **FULL,
                   LAM_TOKEN=False, PROBES=probes, WRITE_D=probes, STORE_HATS=not fold, z=None, d_in=None,
-                  HEADS_FIRST=True, VH_BLOCK=per_program, **absent("rho", "eig", "cp", "d_out"),
+                  HEADS_FIRST=True, VH_BLOCK=per_program, D_LATE=d_late, **absent("rho", "eig", "cp", "d_out"),
                   **dict.fromkeys(hats if fold else norms)),
              warps or gram_warps, gram_stages, maxnreg=gram_maxnreg)
     if not probes:

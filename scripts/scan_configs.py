@@ -65,7 +65,8 @@ SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 GRAM_CONFIGS = [(warps, 1, maxnreg) for warps in (4, 8) for maxnreg in (None, 128, 168)] + [(16, 1, None)]
 """(warps, stages, maxnreg) of the scalar-gate path's Gram stage (``--head-gates``), probes off and
 on, each with a query/key head's whole group of value heads in one program and with one value head
-per program (with probes each program also writes ``d`` for each of its value heads); two stages
+per program (with probes each program also writes ``d`` for each of its value heads, in the first
+pass over them and in a second); two stages
 time as one (the kernel has no loop to pipeline), and 16 warps hold at most 128 registers anyway
 (above it a program does not fit an SM)."""
 
@@ -165,7 +166,8 @@ def head_gate_rows(a, dev) -> list[dict]:
 
 def gram_rows(x, g, lay, inter) -> list[dict]:
     """The scalar-gate Gram stage under each of :data:`GRAM_CONFIGS` (value heads per program: the
-    group, one) and its rule's, probes off and on (``d`` written), each compared with the rule
+    group, one) and its rule's, probes off and on (``d`` written in the first pass or a second),
+    each compared with the rule
     configuration's outputs (every field it writes and the scores)."""
     def written(out):
         gram, akk = out
@@ -175,15 +177,16 @@ def gram_rows(x, g, lay, inter) -> list[dict]:
     group = g.shape[2] // x.q.shape[2]
     for probes in (False, True):
         rule = gram_config(x.q.shape[-1], group, probes)
-        configs = list(dict.fromkeys([(w, st, per, reg) for w, st, reg in GRAM_CONFIGS for per in (group, 1)]
-                                     + [rule]))
+        late = (False, True) if probes else (True,)
+        configs = list(dict.fromkeys([(w, st, per, reg, d_late) for w, st, reg in GRAM_CONFIGS for per in (group, 1)
+                                      for d_late in late] + [rule]))
         ref = written(scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes))
         for cfg in configs:
             run = lambda: scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=probes, config=cfg)  # noqa: E731
             t = timed(run)
             diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(written(run()), ref, strict=True))
             rows.append(dict(kernel="qed_scalar_gram_kernel", warps=cfg[0], stages=cfg[1], value_heads=cfg[2],
-                             maxnreg=cfg[3], probes=probes, ms=round(t, 4), rule=cfg == rule, max_diff=diff))
+                             maxnreg=cfg[3], d_late=cfg[4], probes=probes, ms=round(t, 4), rule=cfg == rule, max_diff=diff))
             print(rows[-1], flush=True)
     return rows
 

@@ -388,7 +388,7 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
     value blocks of 16, 32, 64 at two to four stages; the Gram stage in 4 and 8 warps with ptxas'
     register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one
-    program or in two, with probes and without. With ``--output-only`` (scalar gates) neither a
+    program or in two, with probes and without (``d`` in the first pass and in a second). With ``--output-only`` (scalar gates) neither a
     state-scan nor a Gram row, with ``--gram-only`` Gram rows alone."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
@@ -405,10 +405,10 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     if mode == "--output-only":
         assert {r["kernel"] for r in rows} == {"qed_scalar_output_kernel"}
     if mode in ("--head-gates", "--gram-only"):
-        gram = {(r["warps"], r["maxnreg"], r["value_heads"], r["probes"]) for r in rows
+        gram = {(r["warps"], r["maxnreg"], r["value_heads"], r["probes"], r["d_late"]) for r in rows
                 if r["kernel"] == "qed_scalar_gram_kernel"}
-        assert gram >= {(w, reg, per, p) for w, reg in [(w, reg) for w in (4, 8) for reg in (None, 128, 168)]
-                        + [(16, None)] for per in (1, 2) for p in (False, True)}
+        assert gram >= {(w, reg, per, p, late) for w, reg in [(w, reg) for w in (4, 8) for reg in (None, 128, 168)]
+                        + [(16, None)] for per in (1, 2) for p, late in ((False, True), (True, False), (True, True))}
     if mode == "--gram-only":
         assert {r["kernel"] for r in rows} == {"qed_scalar_gram_kernel"}
     if mode == "--head-gates":

@@ -86,14 +86,15 @@ def test_scalar_gate_path_every_arm(arm, monkeypatch):
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
-    """The launch the Gram screen tries beside the rule, one value head per program
-    (``scalar_gram_fwd``'s ``config``), forced through ``qed_chunk``: every arm, probe and option
-    (grouped heads, packed sequences, both states) still matches float64 qed_naive."""
+    """Launches the Gram screen tries beside the rule, one value head per program with ``d`` in the
+    other pass than the rule's (``scalar_gram_fwd``'s ``config``), forced through ``qed_chunk``:
+    every arm, probe and option (grouped heads, packed sequences, both states) still matches
+    float64 qed_naive."""
     rule_gram = scalar_gram.gram_config
 
     def one_value_head_per_program(K, group, probes):
-        warps, stages, _, _ = rule_gram(K, group, probes)
-        return warps, stages, 1, None
+        warps, stages, _, _, d_late = rule_gram(K, group, probes)
+        return warps, stages, 1, None, not d_late
 
     monkeypatch.setattr(scalar_gram, "gram_config", one_value_head_per_program)
     x, wide = head_case("gdn", 40 + ARMS.index(arm))
@@ -138,7 +139,7 @@ def test_gram_config_value_heads_per_program_must_divide_the_group(per_program):
     with pytest.raises(ValueError, match=f"value heads per program must be a positive divisor of HV // H = 3, "
                                          f"got {per_program}"):
         scalar_gram.scalar_gram_fwd(types.SimpleNamespace(q=x["q"]), x["g"][..., 0], lay=None,
-                                    inter_dtype=torch.float64, probes=False, config=(4, 1, per_program, None))
+                                    inter_dtype=torch.float64, probes=False, config=(4, 1, per_program, None, True))
 
 
 @pytest.mark.parametrize("fold", [True, False])

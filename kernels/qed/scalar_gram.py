@@ -28,9 +28,9 @@ as loaded, rows and columns scaled by the norms' factors afterwards), then for e
 H`` value heads of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the
 W/U stage times the raw vectors' reciprocal norms, so that ``a_t = (alpha_t r_k) k_t + (gamma_t
 r_x) x_t`` there from the raw rows) and ``A_kk`` (:func:`scores_dtype`, for
-``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, and ``d`` when it is asked for,
-in a second pass over the group from the raw tiles loaded again (from L2), so that they are not held
-in registers through the first pass.
+``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, and ``d`` when it is asked for:
+in the same pass (``D_LATE`` off) or in a second pass over the group from the raw tiles loaded
+again (from L2), so that they are not held in registers through the first pass's products.
 Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above the
 diagonal are zeroed before the exponential.
 """
@@ -123,6 +123,13 @@ def _direction_gates(b_b, xk, DIR_GATED: tl.constexpr, DIR_PROJECTED: tl.constex
     return bx, c
 
 
+@triton.jit
+def _direction_rows(x, xs, bx, c, r_k, f_k):
+    """``d = (bx xs) x - (c r_k) k`` ``[BT, BK]``: the probe ``d`` of one value head from its raw
+    direction rows ``x`` and raw keys ``f_k`` with their row factors."""
+    return (bx * xs)[:, None] * x - (c * r_k)[:, None] * f_k
+
+
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "PROBES": lambda args: args["rho"] is not None,
@@ -140,6 +147,7 @@ def qed_scalar_gram_kernel(
     DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     WRITE_D: tl.constexpr, STORE_HATS: tl.constexpr, HEADS_FIRST: tl.constexpr, VH_BLOCK: tl.constexpr,
+    D_LATE: tl.constexpr,
 ):
     M: tl.constexpr = HV // H
     PARTS: tl.constexpr = M // VH_BLOCK  # programs per query/key head and chunk
@@ -195,7 +203,9 @@ def qed_scalar_gram_kernel(
             tl.store(rho + p, qk.to(rho.dtype.element_ty), mask=m_t)
             tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
             tl.store(cp + p, c.to(cp.dtype.element_ty), mask=m_t)
-    if WRITE_D:
+        if WRITE_D and not D_LATE:
+            store_tile(d_out + i_hv * K, _direction_rows(x, xs, bx, c, r_k, f_k), rows, m_t, o_k, m_k, HV * K)
+    if WRITE_D and D_LATE:
         # a second pass over the group, from the raw tiles loaded again (from L2), so that the
         # first pass does not hold them in registers through its products
         f_q = load_tile(q + i_h * K, rows, m_t, o_k, m_k, H * K, DT)
@@ -206,8 +216,7 @@ def qed_scalar_gram_kernel(
             x, xs, xk, _ = _direction_tiles(z, d_in, f_q, r_q, f_k, r_k, c_k, qk, XK_q, rows, m_t, o_k, m_k, i_hv,
                                             HV, K, DIR_SOURCE, DT, PREC)
             bx, c = _direction_gates(b_b, xk, DIR_GATED, DIR_PROJECTED)
-            store_tile(d_out + i_hv * K, (bx * xs)[:, None] * x - (c * r_k)[:, None] * f_k, rows, m_t, o_k, m_k,
-                       HV * K)
+            store_tile(d_out + i_hv * K, _direction_rows(x, xs, bx, c, r_k, f_k), rows, m_t, o_k, m_k, HV * K)
 
 
 def scores_dtype(inter_dtype: torch.dtype, state_dtype: torch.dtype) -> torch.dtype:
@@ -244,32 +253,33 @@ ptxas alone takes enough registers with probes for only one (docs/BENCHMARKS.md 
 and the timings)."""
 
 
-def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | None]:
-    """``(num_warps, num_stages, value heads per program, maxnreg)`` of the Gram stage, by rule: one
-    stage, a query/key head's whole ``group`` of value heads in one program (its Gram matrices
-    formed once), :func:`gram_warps` capped at :data:`GRAM_MAXNREG` registers in 8 warps; with
-    probes and four or more value heads per group 4 warps uncapped (each program writes ``d`` for
-    each of its value heads, and more, smaller programs keep more of those stores in flight)."""
+def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | None, bool]:
+    """``(num_warps, num_stages, value heads per program, maxnreg, d_late)`` of the Gram stage, by
+    rule: one stage, a query/key head's whole ``group`` of value heads in one program (its Gram
+    matrices formed once), :func:`gram_warps` capped at :data:`GRAM_MAXNREG` registers in 8 warps,
+    ``d`` in a second pass; with probes and four or more value heads per group 4 warps uncapped
+    (each program writes ``d`` for each of its value heads, and more, smaller programs keep more of
+    those stores in flight)."""
     if probes and group >= 4:
-        return 4, 1, group, None
+        return 4, 1, group, None, True
     warps = gram_warps(K)
-    return warps, 1, group, GRAM_MAXNREG if warps == 8 else None
+    return warps, 1, group, GRAM_MAXNREG if warps == 8 else None, True
 
 
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
                     probes: bool, direction: bool = True,
-                    config: tuple[int, int, int, int | None] | None = None) -> tuple[ScalarGram, torch.Tensor]:
+                    config: tuple[int, int, int, int | None, bool] | None = None) -> tuple[ScalarGram, torch.Tensor]:
     """Launch ``qed_scalar_gram_kernel`` (grid: query/key heads x chunks,
     :func:`~.chunk_common.heads_first`) on per-head ``g`` and ``x.b`` (``[B, T, HV]``); with
     ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
     ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
     them once inverted; the norms are folded or ``q_hat, k_hat`` stored as :func:`folds_norms`
-    rules. ``config`` ``(num_warps, num_stages, value heads per program, maxnreg)`` overrides
-    :func:`gram_config` for screening (a divisor of the group spreads it over more programs, each
-    forming the Gram matrices again)."""
+    rules. ``config`` ``(num_warps, num_stages, value heads per program, maxnreg, d_late)``
+    overrides :func:`gram_config` for screening (a divisor of the group spreads it over more
+    programs, each forming the Gram matrices again; ``d_late`` writes ``d`` in a second pass)."""
     B, T, H, K = x.q.shape
     HV = g.shape[2]
-    num_warps, num_stages, vh_block, maxnreg = config or gram_config(K, HV // H, probes)
+    num_warps, num_stages, vh_block, maxnreg, d_late = config or gram_config(K, HV // H, probes)
     if vh_block < 1 or (HV // H) % vh_block:
         raise ValueError(f"scalar_gram_fwd: config's value heads per program must be a positive divisor of "
                          f"HV // H = {HV // H}, got {vh_block}")
@@ -292,7 +302,7 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
         cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
-        DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, VH_BLOCK=vh_block, num_warps=num_warps,
+        DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, VH_BLOCK=vh_block, D_LATE=d_late, num_warps=num_warps,
         num_stages=num_stages, maxnreg=maxnreg,
     )
     return out, akk
