@@ -166,16 +166,15 @@ def head_gate_rows(a, dev) -> list[dict]:
 
 def gram_rows(x, g, lay, inter) -> list[dict]:
     """The scalar-gate Gram stage under each of :data:`GRAM_CONFIGS` (value heads per program: the
-    group, one) and its rule's, probes off and on (``d`` written in the first pass or a second),
-    each compared with the rule
-    configuration's outputs (every field it writes and the scores)."""
+    group, one) and its rule's, probes on (``d`` written in the first pass or a second) and off,
+    each compared with the rule configuration's outputs (every field it writes and the scores)."""
     def written(out):
         gram, akk = out
         return [t for t in vars(gram).values() if t is not None] + [akk]
 
     rows = []
     group = g.shape[2] // x.q.shape[2]
-    for probes in (False, True):
+    for probes in (True, False):
         rule = gram_config(x.q.shape[-1], group, probes)
         late = (False, True) if probes else (True,)
         configs = list(dict.fromkeys([(w, st, per, reg, d_late) for w, st, reg in GRAM_CONFIGS for per in (group, 1)
