@@ -102,13 +102,15 @@ def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
     assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(wide), **kw), atol=1e-10)
 
 
-@pytest.mark.parametrize("case", ["one value head per q/k head", "three per q/k head", "given d", "w per channel",
-                                  "no qk norm", "float32"])
+@pytest.mark.parametrize("case", ["one value head per q/k head", "three per q/k head", "four per q/k head",
+                                  "given d", "w per channel", "no qk norm", "float32"])
 def test_scalar_gate_path_variants(case):
-    """The scalar-gate path against float64 qed_naive beyond the arms: group sizes 1 and 3 (K not a
-    power of two), a given direction ``d`` (its own ``D K^T``), a per-channel write gate, no qk
-    L2 norm, float32 inputs (tf32x3 products)."""
-    H_, HV_ = {"one value head per q/k head": (3, 3), "three per q/k head": (1, 3)}.get(case, (2, 4))
+    """The scalar-gate path against float64 qed_naive beyond the arms: group sizes 1, 3 and 4 (K
+    not a power of two; from four on the Gram stage's rule writes ``d`` in its first pass), a given
+    direction ``d`` (its own ``D K^T``), a per-channel write gate, no qk L2 norm, float32 inputs
+    (tf32x3 products)."""
+    H_, HV_ = {"one value head per q/k head": (3, 3), "three per q/k head": (1, 3),
+               "four per q/k head": (1, 4)}.get(case, (2, 4))
     x = grouped_inputs(B=2, T=45, H=H_, HV=HV_, K=24, V=8, seed=31, lam_token=True)
     x["g"], x["b"] = x["g"][..., 0], x["b"][..., 0]
     if case != "w per channel":
