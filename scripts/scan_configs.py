@@ -66,9 +66,8 @@ GRAM_CONFIGS = [(warps, 1, maxnreg) for warps in (4, 8) for maxnreg in (None, 12
 """(warps, stages, maxnreg) of the scalar-gate path's Gram stage (``--head-gates``), probes off and
 on, each with a query/key head's whole group of value heads in one program and with one value head
 per program (with probes each program also writes ``d`` for each of its value heads, in the first
-pass over them and in a second); two stages
-time as one (the kernel has no loop to pipeline), and 16 warps hold at most 128 registers anyway
-(above it a program does not fit an SM)."""
+pass over them and in a second); two stages time as one (the kernel has no loop to pipeline), and
+16 warps hold at most 128 registers anyway (above it a program does not fit an SM)."""
 
 
 def fla_state_scan(x, gram, wy):

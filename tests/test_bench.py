@@ -388,8 +388,9 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
     value blocks of 16, 32, 64 at two to four stages; the Gram stage in 4 and 8 warps with ptxas'
     register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one
-    program or in two, with probes and without (``d`` in the first pass and in a second). With ``--output-only`` (scalar gates) neither a
-    state-scan nor a Gram row, with ``--gram-only`` Gram rows alone."""
+    program or in two, with probes and without (``d`` in the first pass and in a second). With
+    ``--output-only`` (scalar gates) neither a state-scan nor a Gram row, with ``--gram-only`` Gram
+    rows alone."""
     out = tmp_path / "screen.json"
     args = ["--B", "1", "--T", "64", "--H", "1", "--K", "64", "--V", "64", "--json", str(out)]
     args += {"--head-gates": ["--head-gates", "--HV", "2"], "--per-channel": [],

@@ -261,9 +261,9 @@ def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | 
     in ptxas' registers with ``d`` in the first pass (the second pass reloads the raw tiles and
     forms each value head's direction again, which there costs more than the registers it saves:
     docs/BENCHMARKS.md)."""
-    if probes and group >= 4:
-        return gram_warps(K), 1, group, None, False
     warps = gram_warps(K)
+    if probes and group >= 4:
+        return warps, 1, group, None, False
     return warps, 1, group, GRAM_MAXNREG if warps == 8 else None, True
 
 
