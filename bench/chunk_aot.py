@@ -205,11 +205,12 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
     norms, hats = dict(rq="*fp32", rk="*fp32"), dict(qn=f"*{io}", kn=f"*{io}")
     compile_(scalar_gram.qed_scalar_gram_kernel,
              dict(q=f"*{io}", k=f"*{io}", g="*fp32", b=f"*{io}", lam="*fp32", gc="*fp32", alpha="*fp32",
-                  gamma="*fp32", akk=f"*{scores}", T="i32", **(norms if fold else hats),
-                  **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32")),
+                  gamma="*fp32", akk=f"*{scores}", T="i32", patch_below="fp32", **(norms if fold else hats),
+                  **opt(rho="*fp32", eig="*fp32", cp="*fp32", d_out="*fp32", patch="*i8")),
              dict(common, BK=triton.next_power_of_2(K), IT=tl.float32 if fp32 else tl.bfloat16, L2NORM=True, **FULL,
                   LAM_TOKEN=False, PROBES=probes, WRITE_D=probes, STORE_HATS=not fold, z=None, d_in=None,
-                  HEADS_FIRST=True, VH_BLOCK=per_program, D_LATE=d_late, **absent("rho", "eig", "cp", "d_out"),
+                  HEADS_FIRST=True, VH_BLOCK=per_program, D_LATE=d_late, FLAG_PATCH=probes,
+                  **absent("rho", "eig", "cp", "d_out", "patch"),
                   **dict.fromkeys(hats if fold else norms)),
              warps or gram_warps, gram_stages, maxnreg=gram_maxnreg)
     if not probes:
@@ -228,14 +229,17 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
             print(f"BV={BV:<3d}", end=" ")
             compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
-    BV, nw, stages = scalar_output_config(V, dtype, probes)
-    compile_(qed_scalar_output_kernel,
-             dict(q=f"*{io}", k=f"*{io}", gc="*fp32", b=f"*{io}", hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32",
-                  scale="fp32", **(norms if fold else {}), **opt(cp="*fp32", sd="*fp32")),
-             dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE="q", DIR_GATED=True, PROBES=probes,
-                  FOLD_NORMS=fold, z=None, d_in=None, HEADS_FIRST=True, **absent("cp", "sd"),
-                  **({} if fold else dict.fromkeys(norms))),
-             warps or nw, stages)
+    for sd in ("residual", "patch") if probes else ("off",):
+        BV, nw, stages = scalar_output_config(V, dtype, sd == "patch")
+        print(f"SD={sd:<8s}", end=" ")
+        compile_(qed_scalar_output_kernel,
+                 dict(q=f"*{io}", k=f"*{io}", gc="*fp32", b=f"*{io}", lam="*fp32", v=f"*{io}", w=f"*{io}",
+                      hs=f"*{io}", r=f"*{io}", o=f"*{io}", T="i32", scale="fp32", **(norms if fold else {}),
+                      **opt(cp="*fp32", rho="*fp32", patch="*i8", sd="*fp32")),
+                 dict(common, V=V, BK=triton.next_power_of_2(K), BV=BV, **FULL, SD=sd, FOLD_NORMS=fold,
+                      LAM_TOKEN=False, W_HEAD=True, z=None, d_in=None, HEADS_FIRST=True,
+                      **absent("cp", "rho", "patch", "sd"), **({} if fold else dict.fromkeys(norms))),
+                 warps or nw, stages)
 
 
 def backward(K: int, V: int, H: int = 16, warps: int | None = None, fp32: bool = False):

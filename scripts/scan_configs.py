@@ -18,7 +18,8 @@ matches becomes the rule.
 ``--H`` q/k heads and ``--HV`` value heads, as a Qwen3.5 layer): its state scan with the decay per
 row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
 ``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
-installed, its output kernel with the probes ``Sd`` on and off (:data:`SCALAR_OUTPUT_CONFIGS`) and,
+installed, its output kernel with the probe ``Sd`` (arm full: its residual form, then the patch launch's
+none-flagged pass) and without (:data:`SCALAR_OUTPUT_CONFIGS`) and,
 unless one of the two is screened alone, its Gram stage with probes off and on (:data:`GRAM_CONFIGS`;
 ``--gram-only``: that alone).
 
@@ -40,8 +41,9 @@ from triton.testing import do_bench
 from qedprobe.kernels.qed.chunk import chunk_intra_fwd, chunk_precision, direction_inputs
 from qedprobe.kernels.qed import chunk_scan
 from qedprobe.kernels.qed.chunk_common import chunk_layout
-from qedprobe.kernels.qed.chunk_scan import (chunk_output_fwd, chunk_state_fwd, multiprocessors, output_config,
-                                             scalar_output_config, scalar_output_fwd, state_config)
+from qedprobe.kernels.qed.chunk_scan import (SD_MIN_DENOMINATOR, chunk_output_fwd, chunk_state_fwd, multiprocessors,
+                                             output_config, scalar_output_config, scalar_output_fwd, sd_form,
+                                             state_config)
 from qedprobe.kernels.qed.chunk_wy import chunk_inverse_fwd, scalar_wy_fwd
 from qedprobe.kernels.qed.inputs import check_qed_inputs
 from qedprobe.kernels.qed.scalar_gram import gram_config, scalar_gram_fwd
@@ -124,7 +126,7 @@ def head_gate_rows(a, dev) -> list[dict]:
     x = direction_inputs(P, q, k, b, lam, "full", None, None, True)
     if a.gram_only:
         return gram_rows(x, g, lay, inter)
-    gram, akk = scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=True)
+    gram, akk = scalar_gram_fwd(x, g, lay=lay, inter_dtype=inter, probes=True, patch_below=SD_MIN_DENOMINATOR)
     wy = scalar_wy_fwd(x, gram, v, w, chunk_inverse_fwd(akk, lay=lay, out_dtype=inter), lay=lay)
     hs, r = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter), torch.empty_like(wy.u)
     o, sd = torch.empty_like(v), torch.empty(v.shape, device=dev, dtype=P.compute_dtype)
@@ -134,8 +136,8 @@ def head_gate_rows(a, dev) -> list[dict]:
                                        r=r, T=P.T, N=P.N, config=cfg)
 
     def output(cfg, probes):
-        return lambda: scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd if probes else None,
-                                         config=cfg)
+        return lambda: scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale,
+                                         sd=sd if probes else None, config=cfg)
 
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
     rows = state_rows("qed_state_kernel (decay per row)", state,
@@ -149,7 +151,7 @@ def head_gate_rows(a, dev) -> list[dict]:
     if not a.output_only:
         rows += gram_rows(x, g, lay, inter)
     for probes in (False, True):
-        out_rule = scalar_output_config(P.V, inter, probes)
+        out_rule = scalar_output_config(P.V, inter, probes and sd_form(x.flags) == "stacked")
         output(out_rule, probes)()
         ref_o, ref_sd = o.clone(), sd.clone()
         for cfg in list(dict.fromkeys(SCALAR_OUTPUT_CONFIGS + [out_rule])):

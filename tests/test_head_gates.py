@@ -16,7 +16,7 @@ import torch
 from qedprobe.kernels.qed import ARMS, qed_chunk, qed_chunk_torch, qed_naive, qed_recurrent
 from qedprobe.kernels.qed import chunk as chunk_mod
 from qedprobe.kernels.qed import chunk_common, chunk_scan, scalar_gram
-from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, z_for
+from helpers import DEVICE, assert_close, assert_outputs_close, gpu, grouped_inputs, rel_err, z_for
 
 F64 = torch.float64
 B, T, H, HV, K, V = 1, 70, 2, 4, 16, 8
@@ -170,6 +170,36 @@ def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
     assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw), atol=1e-10)
     ((gram, _),) = made
     assert (gram.rq is not None, gram.qn is not None) == (fold, not fold)
+
+
+def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(monkeypatch):
+    """Arm full, in the second chunk only rows with ``lam`` = 1 (the ops' bound) and ``q = k`` (unit
+    vectors, no qk norm: ``rho = 1``; ``lam`` = 0.4 elsewhere), where ``1 - lam rho`` = 0 and the output stage's
+    residual form of ``Sd`` (``chunk_scan.sd_form``) would divide 0 by 0: the Gram stage flags
+    exactly that chunk, its ``Sd`` is formed again from the direction rows, and every output and
+    probe matches float64 qed_naive (``Sd`` = 0 on those rows), the unflagged chunks' ``Sd`` from
+    the residual form included. Grouped heads, per-head gates, both states."""
+    assert chunk_scan.sd_form({"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}) == "residual"
+    made = []
+
+    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
+        made.append(gram_fwd(*a, **k))
+        return made[-1]
+    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    x = grouped_inputs(B=1, T=150, H=2, HV=4, K=16, V=8, seed=51)
+    x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
+    x["q"], x["k"] = (t / t.norm(dim=-1, keepdim=True) for t in (x["q"], x["k"]))
+    x["q"][:, 70:80] = x["k"][:, 70:80]
+    x["lam"] = torch.full((1, 150, 4), 0.4, dtype=F64)
+    x["lam"][:, 70:80] = 1.
+    kw = dict(arm="full", use_qk_l2norm=False, output_final_state=True, return_probes=True,
+              initial_state=torch.randn(1, 4, 16, 8, dtype=F64, generator=torch.Generator().manual_seed(6)))
+    got = qed_chunk(*args(x), **kw)
+    ref = qed_naive(*args(x), **kw)
+    assert_outputs_close(got, ref, atol=1e-10)
+    ((gram, _),) = made
+    assert gram.patch.tolist() == [[0] * 4, [1] * 4, [0] * 4]
+    assert ref[2]["Sd"][:, 70:80].abs().max() < 1e-12 < ref[2]["Sd"][:, 80:].abs().max()
 
 
 def test_scalar_gate_state_scan_value_blocks_agree(monkeypatch):
@@ -333,6 +363,32 @@ def test_gpu_long_against_naive(form):
         assert_close(f"{op.__name__} final state", got[1], ref[1], 1e-4)
         for name in ("rho", "d", "Sd", "e"):
             assert_close(f"{op.__name__} {name}", got[2][name], ref[2][name], 1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("lam_value", [0.1, 0.45])
+@pytest.mark.parametrize("grouped", [True, False])
+def test_gpu_residual_sd_in_bf16_as_accurate_as_stacked(grouped, lam_value, monkeypatch):
+    """bf16 inputs, T = 4096, arm full, every probe: ``Sd`` from the residuals (the rule,
+    ``chunk_scan.sd_form``) is within 1.5x the error of ``Sd`` from the stacked direction rows
+    (forced), both against float64 qed_naive on the same bf16 inputs; ``o`` is the same either way.
+    Grouped value heads (``q_hat, k_hat`` stored) and one per q/k head (``d`` asked
+    for: stored too; with ``e, Sd`` only: the norms folded)."""
+    x = _fla_case("gdn", 4096, torch.bfloat16, seed=4, grouped=grouped)
+    lam = torch.full((4,), lam_value, device="cuda")
+    inputs = [x[n] for n in ("q", "k", "v", "g", "b", "b")]
+    ref = qed_naive(*(t.double() for t in inputs), lam.double(), arm="full", return_probes=True)
+    for probes in (True, ("e", "Sd")):
+        got = {}
+        for form in ("residual", "stacked"):
+            if form == "stacked":
+                monkeypatch.setattr(chunk_scan, "sd_form", lambda flags: "stacked")
+            got[form] = qed_chunk(*inputs, lam, arm="full", return_probes=probes)
+        monkeypatch.undo()
+        errs = {form: rel_err(out[2]["Sd"], ref[2]["Sd"]) for form, out in got.items()}
+        assert errs["residual"] < 1.5 * errs["stacked"] + 1e-4, errs
+        assert errs["residual"] < 2e-2, errs
+        assert rel_err(got["residual"][0], got["stacked"][0]) < 1e-4
 
 
 @gpu

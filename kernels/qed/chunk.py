@@ -73,7 +73,7 @@ from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
-from .chunk_scan import chunk_output_fwd, chunk_state_fwd, scalar_output_fwd
+from .chunk_scan import SD_MIN_DENOMINATOR, chunk_output_fwd, chunk_state_fwd, scalar_output_fwd, sd_patched
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
 from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device, probe_request, selected_probes
 from .scalar_gram import scalar_gram_fwd
@@ -169,10 +169,12 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     and ``Sd`` are written only when named). Returns ``(o, final_state, probes)``."""
     dev, ct = v.device, P.compute_dtype
     gram, akk = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=bool(want),
-                                direction="d" in want)
+                                direction="d" in want,
+                                patch_below=SD_MIN_DENOMINATOR if "Sd" in want and sd_patched(x.flags) else None)
     ai = chunk_inverse_fwd(akk, lay=lay, out_dtype=inter)
     del akk  # each intermediate is freed once read, so that the probes' buffers fit in what fla holds
-    wy = scalar_wy_fwd(x, gram, v.contiguous(), w.contiguous(), ai, lay=lay)
+    v, w = v.contiguous(), w.contiguous()
+    wy = scalar_wy_fwd(x, gram, v, w, ai, lay=lay)
     del ai
     hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
     r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
@@ -183,7 +185,7 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     del wy  # (fla's forward holds its A, w, u through the output stage)
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
-    scalar_output_fwd(lay, x, gram, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
+    scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
     return o, ht, selected_probes({"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e}, want)
 
 

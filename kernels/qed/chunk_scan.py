@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, heads_first, load_tile,
-                           row_factors, scan_program, scan_ranges)
-from .chunk_intra import raw_direction
+from .chunk_common import (BT, ChunkLayout, chunk_at, chunk_axes, chunk_rows, exp, gate_head, gate_tile,
+                           heads_first, load_tile, row_factors, scan_program, scan_ranges)
+from .chunk_intra import raw_direction, row_lam
 
 
 @triton.jit
@@ -284,27 +284,103 @@ def chunk_output_fwd(lay: ChunkLayout, *, qg, aqk, hs, r, o, dg=None, adk=None, 
     )
 
 
+SD_MIN_DENOMINATOR = 0.5
+"""Smallest ``1 - lam rho`` (arm full) for which the output stage takes ``Sd`` from the residual
+(:func:`sd_form`): below it the division would enlarge the residual's rounding by more than 2x,
+and the chunk's ``Sd`` is formed from its direction rows instead (the ``"patch"`` launch). Only
+``|lam| > 1 - SD_MIN_DENOMINATOR`` can reach it (``|rho| <= 1``)."""
+
+
+def sd_form(flags: dict) -> str:
+    """How the scalar-gate output stage forms the probe ``Sd_t = S_bar_t^T d_t`` for an arm's
+    direction flags (``arms.direction_flags``): ``"residual"`` where ``d_t`` lies in the span of
+    ``q_hat_t`` and ``k_hat_t`` and its ``k_hat`` part can be read off the residual (no direction;
+    a direction from ``q`` that is gated or not projected: every arm but ``nogate``, ``rand`` and
+    a given ``d``), else ``"stacked"``: the direction rows ``d`` go through the output's products
+    under the queries. Why the residual suffices: with ``a = alpha k_hat + gamma q_hat`` and ``d =
+    bx q_hat - c k_hat`` the residual ``r = w v - S_bar^T a`` gives ``S_bar^T k_hat`` wherever
+    ``alpha = b - lam c`` is bounded away from 0, which for the gated projected arm (``alpha = b
+    (1 - lam rho)``) holds up to a known factor and for the unprojected ones is not needed (``c =
+    0``); for ``nogate`` ``alpha = b - lam rho`` can vanish at any row."""
+    source, gated, projected = flags["DIR_SOURCE"], flags["DIR_GATED"], flags["DIR_PROJECTED"]
+    return "residual" if source == "none" or (source == "q" and (gated or not projected)) else "stacked"
+
+
+def sd_patched(flags: dict) -> bool:
+    """Whether the residual form of ``Sd`` divides by ``1 - lam rho`` (the gated projected arm) and
+    so needs the Gram stage's flags of the chunks where it is below :data:`SD_MIN_DENOMINATOR` and
+    the ``"patch"`` launch that forms their ``Sd`` from the direction rows."""
+    return sd_form(flags) == "residual" and flags["DIR_SOURCE"] == "q" and flags["DIR_PROJECTED"]
+
+
+@triton.jit
+def _residual_sd(b_o, b_r, q_fac, r_k, rho, b, lam, w, v, r0, o_t, m_t, o_v, m_v, i_hv,
+                 HV: tl.constexpr, V: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
+                 DIR_PROJECTED: tl.constexpr, LAM_TOKEN: tl.constexpr, W_HEAD: tl.constexpr, DT: tl.constexpr):
+    """``Sd = S_bar^T d`` ``[BT, BV]`` of the chunk's rows from the output's accumulator ``b_o`` (the
+    rows of ``S^T x``, ``x`` the queries as loaded: ``q_fac`` their factors to ``q_hat``, else
+    ``None``) and the
+    residuals ``b_r`` (``r_k``: the factors the W/U stage put on their rows, else ``None``), without
+    the direction rows. With ``Sq = S_t^T q_hat_t = S_bar_t^T q_hat_t + rho_t r_t`` (the state after
+    the token's write ``k_hat r^T``) and ``S_bar^T a = w v - r``::
+
+        d = bx q_hat (unprojected)          Sd = bx (Sq - rho r)
+        d = b (q_hat - rho k_hat) (full)    Sd = (b Sq - rho w v + rho (1 - b) r) / (1 - lam rho)
+
+    (from ``a = b (1 - lam rho) k_hat + lam b q_hat``: eliminate ``S_bar^T k_hat``)."""
+    p = (r0 + o_t) * HV + i_hv
+    b_rho = tl.load(rho + p, mask=m_t, other=0.).to(DT)
+    sq = b_o * q_fac[:, None] if q_fac is not None else b_o
+    res = b_r.to(DT)
+    if r_k is not None:
+        res = res / tl.where(m_t, r_k, 1.)[:, None]
+    if DIR_SOURCE == "none":
+        out = sq * 0.
+    elif DIR_PROJECTED:
+        b_b = tl.load(b + p, mask=m_t, other=0.).to(DT)
+        b_l = row_lam(lam + i_hv, r0 + o_t, m_t, HV, LAM_TOKEN, DT)
+        inv = 1. / (1. - b_l * b_rho)
+        b_v = load_tile(v + r0 * (HV * V) + i_hv * V, o_t, m_t, o_v, m_v, HV * V, DT)
+        wv = b_v * gate_tile(gate_head(w + r0 * (HV if W_HEAD else HV * V), i_hv, V, W_HEAD), o_t, m_t, o_v, m_v,
+                             HV, V, W_HEAD, DT)
+        out = (sq * (b_b * inv)[:, None] + res * (b_rho * (1. - b_b) * inv)[:, None]
+               - wv * (b_rho * inv)[:, None])
+    else:
+        bx = tl.load(b + p, mask=m_t, other=0.).to(DT) if DIR_GATED else b_rho * 0. + 1.
+        out = (sq - res * b_rho[:, None]) * bx[:, None]
+    return out
+
+
 @triton.heuristics({
-    "PROBES": lambda args: args["sd"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "FOLD_NORMS": lambda args: args["rq"] is not None,
+    "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
+    "W_HEAD": lambda args: args["w"].dim() == 3,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_output_kernel(
-    q, k, rq, rk, gc, b, cp, z, d_in, hs, r, o, sd,
+    q, k, rq, rk, gc, b, lam, cp, rho, patch, z, d_in, v, w, hs, r, o, sd,
     cu_seqlens, chunk_indices, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, PROBES: tl.constexpr, IS_VARLEN: tl.constexpr, FOLD_NORMS: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
+    DIR_PROJECTED: tl.constexpr, SD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    FOLD_NORMS: tl.constexpr, LAM_TOKEN: tl.constexpr, W_HEAD: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
+    """``SD``: ``"off"`` (``o`` only), ``"residual"`` (``o``, and ``Sd`` from the residuals,
+    :func:`_residual_sd`), ``"stacked"`` (``o`` and ``Sd`` from the direction rows stacked under
+    the queries) or ``"patch"`` (``Sd`` only, stacked, in the chunks the Gram stage flagged in
+    ``patch``; the other programs return at once)."""
     NV: tl.constexpr = (V + BV - 1) // BV
+    STACKED: tl.constexpr = SD == "stacked" or SD == "patch"
     i_x, i_bh = chunk_axes(HEADS_FIRST)
     i_hv, i_t, i_g, bos, eos = chunk_at(i_x // NV, i_bh, cu_seqlens, chunk_indices, T, HV, BT, IS_VARLEN)
+    if SD == "patch":
+        if tl.load(patch + i_g * HV + i_hv) == 0:
+            return
     i_h = i_hv // (HV // H)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_x % NV, K, V, BT, BK, BV)
-    # with probes the rows are stacked: the chunk's queries (-> o), then its directions (-> Sd)
-    SR: tl.constexpr = 2 * BT if PROBES else BT
+    # stacked: the chunk's queries (-> o), then its directions (-> Sd)
+    SR: tl.constexpr = 2 * BT if STACKED else BT
     o_s = tl.arange(0, SR)
     top = o_s < BT
     t_s = o_s % BT
@@ -319,7 +395,7 @@ def qed_scalar_output_kernel(
     b_h = load_tile(hs + (i_g * HV + i_hv) * K * V, o_k, m_k, o_v, m_v, V, hs.dtype.element_ty)
     b_r = load_tile(r + r0 * (HV * V) + i_hv * V, o_t, m_t, o_v, m_v, HV * V, r.dtype.element_ty)
     b_G = tl.load(gc + o_t * HV, mask=m_t, other=0.).to(DT)
-    if PROBES:
+    if STACKED:
         # d_t = bx_t x_t - c_t k_hat_t; Sd_t = d_t^T S_bar_t, the state before token t (j < t)
         rows = r0 + t_s
         p = rows * HV + i_hv
@@ -343,8 +419,7 @@ def qed_scalar_output_kernel(
         keep = tl.where(top[:, None], t_s[:, None] >= o_t[None, :], t_s[:, None] > o_t[None, :])
     else:
         b_x = load_tile(q, o_t, m_t, o_k, m_k, H * K, IT)
-        if FOLD_NORMS:
-            r_x = row_factors(rq, o_t, m_t, H, r0 * H + i_h, DT)
+        r_x = row_factors(rq, o_t, m_t, H, r0 * H + i_h, DT) if FOLD_NORMS else None
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
     dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
@@ -352,51 +427,72 @@ def qed_scalar_output_kernel(
     b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
     p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
     m_o = m_s[:, None] & m_v[None, :]
-    if FOLD_NORMS:  # the raw queries' norms on their rows (the keys' are on R's rows: the W/U stage's)
-        b_os = b_o * (r_x * scale)[:, None]
-    else:
-        b_os = b_o * scale
-    tl.store(o + p_o, b_os.to(o.dtype.element_ty), mask=m_o & top[:, None])
-    if PROBES:
+    if SD != "patch":
+        # the raw queries' norms on their rows (the keys' are on R's rows: the W/U stage's)
+        b_os = b_o * (r_x * scale)[:, None] if FOLD_NORMS else b_o * scale
+        tl.store(o + p_o, b_os.to(o.dtype.element_ty), mask=m_o & top[:, None])
+    if STACKED:
         tl.store(sd + p_o, b_o.to(sd.dtype.element_ty), mask=m_o & ~top[:, None])
+    if SD == "residual":
+        r_k = row_factors(rk, o_t, m_t, H, r0 * H + i_h, DT) if FOLD_NORMS else None
+        b_sd = _residual_sd(b_o, b_r, r_x, r_k, rho, b, lam, w, v, r0, o_t, m_t, o_v, m_v, i_hv, HV, V, DIR_SOURCE,
+                            DIR_GATED, DIR_PROJECTED, LAM_TOKEN, W_HEAD, DT)
+        tl.store(sd + p_o, b_sd.to(sd.dtype.element_ty), mask=m_o)
 
 
-def scalar_output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, int, int]:
+def scalar_output_config(V: int, inter_dtype: torch.dtype, stacked: bool) -> tuple[int, int, int]:
     """``(BV, num_warps, num_stages)`` of the scalar-gate output kernel, by rule: bf16 tiles take the
-    whole value axis up to 128 in 4 warps, with probes or without (with them the ``2 BT`` stacked
-    rows ``[q_hat; d]`` go through the products once per chunk rather than once per value block; on
-    an H100 4 warps are faster than 8 or value blocks of 64, docs/BENCHMARKS.md); float32 / float64
-    tiles as :func:`output_config`, unpipelined, but in 4 warps where the value block is narrower
-    than 32: in 8 warps Triton's code for the ``[BT, 16]`` products reads shared memory out of
-    bounds on an H100 (compute-sanitizer; an illegal memory access at K = V = 16)."""
+    whole value axis up to 128 in 4 warps, with probes or without (with ``stacked`` rows the ``2
+    BT`` rows ``[q_hat; d]`` go through the products once per chunk rather than once per value
+    block; on an H100 4 warps are faster than 8 or value blocks of 64, docs/BENCHMARKS.md); float32
+    / float64 tiles as :func:`output_config` (with probes where the rows are stacked), unpipelined,
+    but in 4 warps where the value block is narrower than 32: in 8 warps Triton's code for the
+    ``[BT, 16]`` products reads shared memory out of bounds on an H100 (compute-sanitizer; an
+    illegal memory access at K = V = 16)."""
     if inter_dtype == torch.bfloat16:
         return min(128, triton.next_power_of_2(V)), 4, 1
-    BV, num_warps = output_config(V, inter_dtype, probes)
+    BV, num_warps = output_config(V, inter_dtype, stacked)
     return BV, num_warps if BV >= 32 else 4, 1
 
 
-def scalar_output_fwd(lay: ChunkLayout, x, intra, *, hs, r, o, scale: float, sd=None,
+def scalar_output_fwd(lay: ChunkLayout, x, intra, *, v, w, hs, r, o, scale: float, sd=None,
                       config: tuple[int, int, int] | None = None) -> None:
     """Launch ``qed_scalar_output_kernel`` (grid: value heads x chunks x value blocks,
     :func:`~.chunk_common.heads_first`) of the scalar-gate path: ``o = scale (e^G q_hat S0 + (Q K^T
     * Dec) R)`` from the Gram stage's ``intra`` (``scalar_gram.ScalarGram``): its normalised
     queries and keys, or the raw ones with the queries' reciprocal norms applied to the output's
     rows (the keys' are on the rows of ``R``, which the W/U stage scaled), and ``G``, with ``Q K^T``
-    formed here rather than stored; with ``sd`` also the probe ``S_bar^T d`` from the stored ``c``
-    and the arm's direction source in ``x`` (``chunk_intra.DirectionInputs``). For the probe each
-    program builds ``d = bx x - c k_hat`` in registers and stacks it under ``q_hat``: the ``2 BT``
-    rows ``[q_hat; d]`` go through the same three products as ``q_hat`` alone (``X S0``, ``X K^T``,
-    ``(X K^T * Dec) R``), causal including the diagonal for ``o`` and strictly causal for ``Sd``.
-    ``config`` ``(BV, num_warps, num_stages)`` overrides the rule (for screening configurations)."""
+    formed here rather than stored. With ``sd`` also the probe ``S_bar^T d``, as :func:`sd_form`
+    rules for the arm in ``x`` (``chunk_intra.DirectionInputs``): from the residuals ``r``, the
+    values ``v``, the write gate ``w`` and the Gram stage's ``rho`` in the same programs; or each
+    program builds ``d = bx x - c k_hat`` in registers from the stored ``c`` and stacks it under
+    ``q_hat``, so that the ``2 BT`` rows ``[q_hat; d]`` go through the same three products as
+    ``q_hat`` alone (``X S0``, ``X K^T``, ``(X K^T * Dec) R``), causal including the diagonal for
+    ``o`` and strictly causal for ``Sd``. Where the residual form divides (:func:`sd_patched`) a
+    second launch forms, stacked, the ``Sd`` of the chunks the Gram stage flagged (``intra.patch``);
+    its other programs return at once. ``config`` ``(BV, num_warps, num_stages)`` overrides the
+    first launch's rule (for screening configurations)."""
     B, T, H, K = x.k.shape
     HV, V = r.shape[2], r.shape[-1]
-    BV, num_warps, num_stages = config or scalar_output_config(V, r.dtype, sd is not None)
-    grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
+    form = "off" if sd is None else sd_form(x.flags)
+    if sd is not None and sd_patched(x.flags) and intra.patch is None:
+        raise ValueError("scalar_output_fwd: the residual form of `Sd` for this arm needs the Gram stage's flags of "
+                         "the chunks to form again (scalar_gram_fwd(..., patch_below=SD_MIN_DENOMINATOR)), got "
+                         "intra.patch None")
     q, k = intra.qk_rows(x)
-    qed_scalar_output_kernel[grid](
-        q=q, k=k, rq=intra.rq, rk=intra.rk, gc=intra.gc, b=x.b, cp=intra.c, z=x.z, d_in=x.d, hs=hs, r=r, o=o, sd=sd,
-        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
-        DIR_GATED=x.flags["DIR_GATED"], DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps,
-        num_stages=num_stages,
-    )
+
+    def launch(mode, cfg):
+        BV, num_warps, num_stages = cfg
+        grid, first = heads_first(lay.grid, triton.cdiv(V, BV))
+        qed_scalar_output_kernel[grid](
+            q=q, k=k, rq=intra.rq, rk=intra.rk, gc=intra.gc, b=x.b, lam=x.lam, cp=intra.c, rho=intra.rho,
+            patch=intra.patch, z=x.z, d_in=x.d, v=v, w=w, hs=hs, r=r, o=o, sd=sd,
+            cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, scale=scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DIR_SOURCE=x.flags["DIR_SOURCE"],
+            DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"], SD=mode, DT=lay.DT,
+            PREC=lay.prec, HEADS_FIRST=first, num_warps=num_warps, num_stages=num_stages,
+        )
+
+    launch(form, config or scalar_output_config(V, r.dtype, form == "stacked"))
+    if intra.patch is not None and sd is not None:
+        launch("patch", scalar_output_config(V, r.dtype, True))

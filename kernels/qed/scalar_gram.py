@@ -55,8 +55,10 @@ class ScalarGram:
     ``[B, T, HV]`` (state dtype) ``gc`` (``G``), ``alpha, gamma`` (times the reciprocal norms of the
     raw keys and of the raw direction rows: the coefficients of the raw rows in the erase vector).
     Probes (else ``None``): ``rho, e, c`` ``[B, T, HV]`` and ``d``
-    ``[B, T, HV, K]`` in the state dtype. (The scores ``A_kk`` are returned beside it: only the
-    block inverse reads them.)"""
+    ``[B, T, HV, K]`` in the state dtype; ``patch`` ``[NC, HV]`` (int8, else ``None``): 1 for the
+    chunks and value heads with a row whose ``1 - lam rho`` is below the output stage's bound
+    (``chunk_scan.sd_patched``). (The scores ``A_kk`` are returned beside it: only the block
+    inverse reads them.)"""
 
     rq: torch.Tensor | None
     rk: torch.Tensor | None
@@ -69,6 +71,7 @@ class ScalarGram:
     e: torch.Tensor | None
     c: torch.Tensor | None
     d: torch.Tensor | None
+    patch: torch.Tensor | None
 
     def qk_rows(self, x: DirectionInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The queries and keys ``[B, T, H, K]`` the scan and the output stage read: ``q_hat,
@@ -136,22 +139,23 @@ def _direction_rows(x, xs, bx, c, r_k, f_k):
     "WRITE_D": lambda args: args["d_out"] is not None,
     "LAM_TOKEN": lambda args: args["lam"].dim() == 3,
     "STORE_HATS": lambda args: args["qn"] is not None,
+    "FLAG_PATCH": lambda args: args["patch"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_scalar_gram_kernel(
     q, k, g, b, lam, z, d_in,
-    rq, rk, qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out,
-    cu_seqlens, chunk_indices, T,
+    rq, rk, qn, kn, gc, alpha, gamma, akk, rho, eig, cp, d_out, patch,
+    cu_seqlens, chunk_indices, T, patch_below,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IT: tl.constexpr, L2NORM: tl.constexpr, DIR_SOURCE: tl.constexpr, DIR_GATED: tl.constexpr,
     DIR_PROJECTED: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, LAM_TOKEN: tl.constexpr, IS_VARLEN: tl.constexpr, PROBES: tl.constexpr,
     WRITE_D: tl.constexpr, STORE_HATS: tl.constexpr, HEADS_FIRST: tl.constexpr, VH_BLOCK: tl.constexpr,
-    D_LATE: tl.constexpr,
+    D_LATE: tl.constexpr, FLAG_PATCH: tl.constexpr,
 ):
     M: tl.constexpr = HV // H
     PARTS: tl.constexpr = M // VH_BLOCK  # programs per query/key head and chunk
-    i_p, i_t, _i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H * PARTS, BT, IS_VARLEN, HEADS_FIRST)
+    i_p, i_t, i_g, bos, eos = chunk_position(cu_seqlens, chunk_indices, T, H * PARTS, BT, IS_VARLEN, HEADS_FIRST)
     i_h = i_p // PARTS
     o_t = tl.arange(0, BT)
     rows = bos + i_t * BT + o_t
@@ -203,6 +207,8 @@ def qed_scalar_gram_kernel(
             tl.store(rho + p, qk.to(rho.dtype.element_ty), mask=m_t)
             tl.store(eig + p, (1. - b_al * kk - b_ga * xk).to(eig.dtype.element_ty), mask=m_t)
             tl.store(cp + p, c.to(cp.dtype.element_ty), mask=m_t)
+        if FLAG_PATCH:
+            tl.store(patch + i_g * HV + i_hv, (tl.max(tl.where(m_t, b_l * xk, 0.), 0) > 1. - patch_below).to(tl.int8))
         if WRITE_D and not D_LATE:
             store_tile(d_out + i_hv * K, _direction_rows(x, xs, bx, c, r_k, f_k), rows, m_t, o_k, m_k, HV * K)
     if WRITE_D and D_LATE:
@@ -268,11 +274,13 @@ def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | 
 
 
 def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, inter_dtype: torch.dtype,
-                    probes: bool, direction: bool = True,
+                    probes: bool, direction: bool = True, patch_below: float | None = None,
                     config: tuple[int, int, int, int | None, bool] | None = None) -> tuple[ScalarGram, torch.Tensor]:
     """Launch ``qed_scalar_gram_kernel`` (grid: query/key heads x chunks,
     :func:`~.chunk_common.heads_first`) on per-head ``g`` and ``x.b`` (``[B, T, HV]``); with
-    ``probes`` it writes ``rho, e, c`` and, with ``direction`` too, ``d``. Returns ``(gram, akk)``,
+    ``probes`` it writes ``rho, e, c``, with ``direction`` too ``d``, and with ``patch_below``
+    ``patch``: which chunks of which value heads have a row with ``1 - lam rho < patch_below``
+    (``rho`` the arm's ``x . k_hat``). Returns ``(gram, akk)``,
     ``akk`` the scores ``[B, T, HV, BT]`` (:func:`scores_dtype`) apart so that the caller can free
     them once inverted; the norms are folded or ``q_hat, k_hat`` stored as :func:`folds_norms`
     rules. ``config`` ``(num_warps, num_stages, value heads per program, maxnreg, d_late)``
@@ -293,14 +301,15 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     out = ScalarGram(rq=norms(), rk=norms(), qn=hats(), kn=hats(),
                      gc=row(), alpha=row(), gamma=row(),
                      rho=row() if probes else None, e=row() if probes else None, c=row() if probes else None,
-                     d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None)
+                     d=torch.empty(B, T, HV, K, device=dev, dtype=st) if (probes and direction) else None,
+                     patch=torch.empty(lay.NC, HV, device=dev, dtype=torch.int8) if (probes and patch_below) else None)
     akk = torch.empty(B, T, HV, BT, device=dev, dtype=scores_dtype(inter_dtype, st))
     grid, first = heads_first((lay.grid[0], lay.grid[1] // vh_block))
     qed_scalar_gram_kernel[grid](
         q=x.q, k=x.k, g=g, b=x.b, lam=x.lam, z=x.z, d_in=x.d,
         rq=out.rq, rk=out.rk, qn=out.qn, kn=out.kn, gc=out.gc, alpha=out.alpha, gamma=out.gamma, akk=akk,
-        rho=out.rho, eig=out.e, cp=out.c, d_out=out.d,
-        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T,
+        rho=out.rho, eig=out.e, cp=out.c, d_out=out.d, patch=out.patch,
+        cu_seqlens=lay.cu_seqlens, chunk_indices=lay.chunk_indices, T=T, patch_below=float(patch_below or 0.),
         H=H, HV=HV, K=K, BT=BT, BK=triton.next_power_of_2(K), IT=TL_DTYPES[inter_dtype], L2NORM=x.l2norm,
         DIR_SOURCE=x.flags["DIR_SOURCE"], DIR_GATED=x.flags["DIR_GATED"], DIR_PROJECTED=x.flags["DIR_PROJECTED"],
         DT=lay.DT, PREC=lay.prec, HEADS_FIRST=first, VH_BLOCK=vh_block, D_LATE=d_late, num_warps=num_warps,
