@@ -106,7 +106,7 @@ def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
                                   "given d", "w per channel", "no qk norm", "float32"])
 def test_scalar_gate_path_variants(case):
     """The scalar-gate path against float64 qed_naive beyond the arms: group sizes 1, 3 and 4 (K
-    not a power of two; from four on the Gram stage's rule writes ``d`` in its first pass), a given
+    not a power of two; from two on the Gram stage's rule writes ``d`` in its first pass), a given
     direction ``d`` (its own ``D K^T``), a per-channel write gate, no qk L2 norm, float32 inputs
     (tf32x3 products)."""
     H_, HV_ = {"one value head per q/k head": (3, 3), "three per q/k head": (1, 3),

@@ -45,6 +45,10 @@ gamma`` and ``A_kk``), ``chunk_wy.chunk_inverse_fwd``, ``chunk_wy.scalar_wy_fwd`
 rebuilt from ``k_hat``, ``x`` and the row scalars), ``chunk_scan.chunk_state_fwd`` (keys of the
 query/key head, decay per row) and ``chunk_scan.scalar_output_fwd`` (``Q K^T`` formed there, as
 fla's ``chunk_o``). Nothing ``K``-wide is written per value head but ``W`` (and the probe ``d``).
+With a scalar erase gate the direction of most arms lies in the span of ``q_hat_t`` and
+``k_hat_t``, so the output stage reads the probe ``Sd`` off the residual, ``S_bar_t^T a_t = w_t v_t
+- r_t``, and its own ``S_t^T q_hat_t`` (``chunk_scan.sd_form``); a sixth launch forms again, from
+the direction rows, the chunks where that would divide by less than ``chunk_scan.SD_MIN_DENOMINATOR``.
 
 Decays ``e^{G_t - G_j}`` are never formed as a product over long spans (see
 ``chunk_intra.py``), so any ``g <= 0`` is safe. With ``return_probes=False`` nothing

@@ -263,12 +263,12 @@ def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | 
     """``(num_warps, num_stages, value heads per program, maxnreg, d_late)`` of the Gram stage, by
     rule: one stage, a query/key head's whole ``group`` of value heads in one program (its Gram
     matrices formed once), :func:`gram_warps` capped at :data:`GRAM_MAXNREG` registers in 8 warps,
-    ``d`` in a second pass; with probes and four or more value heads per group :func:`gram_warps`
+    ``d`` in a second pass; with probes and two or more value heads per group :func:`gram_warps`
     in ptxas' registers with ``d`` in the first pass (the second pass reloads the raw tiles and
     forms each value head's direction again, which there costs more than the registers it saves:
     docs/BENCHMARKS.md)."""
     warps = gram_warps(K)
-    if probes and group >= 4:
+    if probes and group >= 2:
         return warps, 1, group, None, False
     return warps, 1, group, GRAM_MAXNREG if warps == 8 else None, True
 
