@@ -92,8 +92,8 @@ def test_scalar_gate_screening_launches_against_naive(arm, monkeypatch):
     float64 qed_naive."""
     rule_gram = scalar_gram.gram_config
 
-    def one_value_head_per_program(K, group, probes):
-        warps, stages, _, _, d_late = rule_gram(K, group, probes)
+    def one_value_head_per_program(K, group, probes, direction):
+        warps, stages, _, _, d_late = rule_gram(K, group, probes, direction)
         return warps, stages, 1, None, not d_late
 
     monkeypatch.setattr(scalar_gram, "gram_config", one_value_head_per_program)

@@ -259,16 +259,18 @@ ptxas alone takes enough registers with probes for only one (docs/BENCHMARKS.md 
 and the timings)."""
 
 
-def gram_config(K: int, group: int, probes: bool) -> tuple[int, int, int, int | None, bool]:
-    """``(num_warps, num_stages, value heads per program, maxnreg, d_late)`` of the Gram stage, by
-    rule: one stage, a query/key head's whole ``group`` of value heads in one program (its Gram
-    matrices formed once), :func:`gram_warps` capped at :data:`GRAM_MAXNREG` registers in 8 warps,
-    ``d`` in a second pass; with probes and two or more value heads per group :func:`gram_warps`
-    in ptxas' registers with ``d`` in the first pass (the second pass reloads the raw tiles and
-    forms each value head's direction again, which there costs more than the registers it saves:
-    docs/BENCHMARKS.md)."""
+def gram_config(K: int, group: int, probes: bool, direction: bool = True) -> tuple[int, int, int, int | None, bool]:
+    """``(num_warps, num_stages, value heads per program, maxnreg, d_late)`` of the Gram stage for
+    ``group`` value heads per query/key head, with ``probes`` written (``d`` too with
+    ``direction``), by rule: one stage, the whole group in one program (its Gram matrices formed
+    once) in :func:`gram_warps`, capped at :data:`GRAM_MAXNREG` registers in 8 warps, ``d`` (if
+    asked) in a second pass; in ptxas' registers with ``d`` in the first pass where the probes
+    include ``d`` and the group has two or more value heads, and where it has four or more (the
+    second pass reloads the raw tiles and forms each value head's direction again, which there
+    costs more than the registers it saves, while without ``d`` the cap still pays with two value
+    heads per group: the op rows in docs/BENCHMARKS.md)."""
     warps = gram_warps(K)
-    if probes and group >= 2:
+    if probes and (group >= 4 or (direction and group >= 2)):
         return warps, 1, group, None, False
     return warps, 1, group, GRAM_MAXNREG if warps == 8 else None, True
 
@@ -288,7 +290,7 @@ def scalar_gram_fwd(x: DirectionInputs, g: torch.Tensor, *, lay: ChunkLayout, in
     programs, each forming the Gram matrices again; ``d_late`` writes ``d`` in a second pass)."""
     B, T, H, K = x.q.shape
     HV = g.shape[2]
-    num_warps, num_stages, vh_block, maxnreg, d_late = config or gram_config(K, HV // H, probes)
+    num_warps, num_stages, vh_block, maxnreg, d_late = config or gram_config(K, HV // H, probes, direction)
     if vh_block < 1 or (HV // H) % vh_block:
         raise ValueError(f"scalar_gram_fwd: config's value heads per program must be a positive divisor of "
                          f"HV // H = {HV // H}, got {vh_block}")
