@@ -172,6 +172,8 @@ def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
     assert (gram.rq is not None, gram.qn is not None) == (fold, not fold)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the flagged rows' 0 / 0, replaced
+@pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
 def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(monkeypatch):
     """Arm full, in the second chunk only rows with ``lam`` = 1 (the ops' bound) and ``q = k`` (unit
     vectors, no qk norm: ``rho = 1``; ``lam`` = 0.4 elsewhere), where ``1 - lam rho`` = 0 and the output stage's

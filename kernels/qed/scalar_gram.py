@@ -28,7 +28,8 @@ as loaded, rows and columns scaled by the norms' factors afterwards), then for e
 H`` value heads of its group: ``G`` (the decay's cumsum), ``alpha, gamma`` (stored per row for the
 W/U stage times the raw vectors' reciprocal norms, so that ``a_t = (alpha_t r_k) k_t + (gamma_t
 r_x) x_t`` there from the raw rows) and ``A_kk`` (:func:`scores_dtype`, for
-``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, and ``d`` when it is asked for:
+``chunk_wy.qed_inverse_kernel``); with probes ``rho, e`` and ``c``, the flags of the chunks whose
+``Sd`` the output stage must form from the direction rows (``patch``), and ``d`` when it is asked for:
 in the same pass (``D_LATE`` off) or in a second pass over the group from the raw tiles loaded
 again (from L2), so that they are not held in registers through the first pass's products.
 Each exponent ``G_t - G_j`` (``j <= t``) is ``<= 0`` for any ``g <= 0``; the pairs above the
