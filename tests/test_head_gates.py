@@ -174,11 +174,13 @@ def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the flagged rows' 0 / 0, replaced
 @pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")
-def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(monkeypatch):
-    """Arm full, in the second chunk only rows with ``lam`` = 1 (the ops' bound) and ``q = k`` (unit
-    vectors, no qk norm: ``rho = 1``; ``lam`` = 0.4 elsewhere), where ``1 - lam rho`` = 0 and the output stage's
-    residual form of ``Sd`` (``chunk_scan.sd_form``) would divide 0 by 0: the Gram stage flags
-    exactly that chunk, its ``Sd`` is formed again from the direction rows, and every output and
+@pytest.mark.parametrize("layout", ["one sequence", "two sequences", "packed"])
+def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(layout, monkeypatch):
+    """Arm full, in one chunk only rows with ``lam`` = 1 (the ops' bound) and ``q = k`` (unit
+    vectors, no qk norm: ``rho = 1``; ``lam`` = 0.4 elsewhere), where ``1 - lam rho`` = 0 and the
+    output stage's residual form of ``Sd`` (``chunk_scan.sd_form``) would divide 0 by 0: the Gram
+    stage flags exactly that chunk (of the second sequence where there are two, batched or packed
+    as ``[0, 50, 150]``), its ``Sd`` is formed again from the direction rows, and every output and
     probe matches float64 qed_naive (``Sd`` = 0 on those rows), the unflagged chunks' ``Sd`` from
     the residual form included. Grouped heads, per-head gates, both states."""
     assert chunk_scan.sd_form({"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}) == "residual"
@@ -188,20 +190,24 @@ def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(monkeypa
         made.append(gram_fwd(*a, **k))
         return made[-1]
     monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
-    x = grouped_inputs(B=1, T=150, H=2, HV=4, K=16, V=8, seed=51)
+    B_ = 2 if layout == "two sequences" else 1
+    x = grouped_inputs(B=B_, T=150, H=2, HV=4, K=16, V=8, seed=51)
     x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
     x["q"], x["k"] = (t / t.norm(dim=-1, keepdim=True) for t in (x["q"], x["k"]))
-    x["q"][:, 70:80] = x["k"][:, 70:80]
-    x["lam"] = torch.full((1, 150, 4), 0.4, dtype=F64)
-    x["lam"][:, 70:80] = 1.
+    x["q"][-1, 70:80] = x["k"][-1, 70:80]
+    x["lam"] = torch.full((B_, 150, 4), 0.4, dtype=F64)
+    x["lam"][-1, 70:80] = 1.
+    N = 1 if layout == "one sequence" else 2
     kw = dict(arm="full", use_qk_l2norm=False, output_final_state=True, return_probes=True,
-              initial_state=torch.randn(1, 4, 16, 8, dtype=F64, generator=torch.Generator().manual_seed(6)))
+              initial_state=torch.randn(N, 4, 16, 8, dtype=F64, generator=torch.Generator().manual_seed(6)),
+              cu_seqlens=torch.tensor([0, 50, 150]) if layout == "packed" else None)
     got = qed_chunk(*args(x), **kw)
     ref = qed_naive(*args(x), **kw)
     assert_outputs_close(got, ref, atol=1e-10)
     ((gram, _),) = made
-    assert gram.patch.tolist() == [[0] * 4, [1] * 4, [0] * 4]
-    assert ref[2]["Sd"][:, 70:80].abs().max() < 1e-12 < ref[2]["Sd"][:, 80:].abs().max()
+    flagged = {"one sequence": 1, "two sequences": 4, "packed": 1}[layout]
+    assert gram.patch.tolist() == [[int(c == flagged)] * 4 for c in range(len(gram.patch))]
+    assert ref[2]["Sd"][-1, 70:80].abs().max() < 1e-12 < ref[2]["Sd"][-1, 80:].abs().max()
 
 
 def test_scalar_gate_state_scan_value_blocks_agree(monkeypatch):
