@@ -18,10 +18,10 @@ matches becomes the rule.
 ``--H`` q/k heads and ``--HV`` value heads, as a Qwen3.5 layer): its state scan with the decay per
 row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
 ``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
-installed, its output kernel with the probe ``Sd`` (arm full: its residual form, then the patch launch's
-none-flagged pass) and without (:data:`SCALAR_OUTPUT_CONFIGS`) and,
-unless one of the two is screened alone, its Gram stage with probes off and on (:data:`GRAM_CONFIGS`;
-``--gram-only``: that alone).
+installed, its output kernel with the probe ``Sd`` (arm full: its residual form, and the patch
+launch, which with these inputs forms no chunk again) and without (:data:`SCALAR_OUTPUT_CONFIGS`)
+and, unless one of the two is screened alone, its Gram stage with probes off and on
+(:data:`GRAM_CONFIGS`; ``--gram-only``: that alone).
 
 Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
 Prints one line per configuration; ``--json`` writes the rows.

@@ -380,8 +380,8 @@ def test_gpu_residual_sd_in_bf16_as_accurate_as_stacked(grouped, lam_value, monk
     """bf16 inputs, T = 4096, arm full, every probe: ``Sd`` from the residuals (the rule,
     ``chunk_scan.sd_form``) is within 1.5x the error of ``Sd`` from the stacked direction rows
     (forced), both against float64 qed_naive on the same bf16 inputs; ``o`` is the same either way.
-    Grouped value heads (``q_hat, k_hat`` stored) and one per q/k head (``d`` asked
-    for: stored too; with ``e, Sd`` only: the norms folded)."""
+    Grouped value heads (``q_hat, k_hat`` stored) and one per q/k head (with ``d`` asked for: stored
+    too; with ``e, Sd`` only: the norms folded)."""
     x = _fla_case("gdn", 4096, torch.bfloat16, seed=4, grouped=grouped)
     lam = torch.full((4,), lam_value, device="cuda")
     inputs = [x[n] for n in ("q", "k", "v", "g", "b", "b")]
