@@ -320,8 +320,8 @@ def _residual_sd(b_o, b_r, q_fac, r_k, rho, b, lam, w, v, r0, o_t, m_t, o_v, m_v
     """``Sd = S_bar^T d`` ``[BT, BV]`` of the chunk's rows from the output's accumulator ``b_o`` (the
     rows of ``S^T x``, ``x`` the queries as loaded: ``q_fac`` their factors to ``q_hat``, else
     ``None``) and the residuals ``b_r`` (``r_k``: the factors the W/U stage put on their rows, else
-    ``None``), without the direction rows. With ``Sq = S_t^T q_hat_t = S_bar_t^T q_hat_t + rho_t r_t`` (the state after
-    the token's write ``k_hat r^T``) and ``S_bar^T a = w v - r``::
+    ``None``), without the direction rows. With ``Sq = S_t^T q_hat_t = S_bar_t^T q_hat_t + rho_t
+    r_t`` (the state after the token's write ``k_hat r^T``) and ``S_bar^T a = w v - r``::
 
         d = bx q_hat (unprojected)          Sd = bx (Sq - rho r)
         d = b (q_hat - rho k_hat) (full)    Sd = (b Sq - rho w v + rho (1 - b) r) / (1 - lam rho)
