@@ -447,3 +447,62 @@ def test_gpu_narrow_float32_heads_against_naive(D, probes):
     assert_close("final state", got[1], ref[1], 1e-4)
     for name in ref[2] if probes else ():
         assert_close(name, got[2][name], ref[2][name], 1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("arm", [*ARMS, "given d"])
+def test_gpu_every_arm_against_naive(arm):
+    """Every arm and a given direction through the compiled scalar-gate path (T = 1000 in float32,
+    grouped value heads, packed sequences, both states, every probe) against float64 qed_naive:
+    ``nogate``, ``rand`` and a given ``d`` take the output stage's stacked launch, the others its
+    residual form of ``Sd`` (``chunk_scan.sd_form``)."""
+    x = _fla_case("gdn", 1000, torch.float32, seed=7)
+    x["w"] = torch.rand_like(x["b"])
+    gen = torch.Generator().manual_seed(8)
+    lam = (0.3 * torch.rand(1, 1000, 4, generator=gen)).cuda()
+    kw = dict(arm="full" if arm == "given d" else arm, output_final_state=True, return_probes=True,
+              z=z_for(arm, 4, 64, dtype=torch.float32, device="cuda"), cu_seqlens=torch.tensor([0, 300, 1000]).cuda(),
+              initial_state=torch.randn(2, 4, 64, 64, generator=gen).cuda())
+    if arm == "given d":
+        kw["d"] = torch.randn(1, 1000, 4, 64, generator=gen).cuda()
+    inputs = [x[n] for n in ("q", "k", "v", "g", "b", "w")] + [lam]
+    wide = {n: t.double() if torch.is_tensor(t) and t.is_floating_point() else t for n, t in kw.items()}
+    ref = qed_naive(*(t.double() for t in inputs), **wide)
+    got = qed_chunk(*inputs, **kw)
+    assert_close("o", got[0], ref[0], 1e-4)
+    assert_close("final state", got[1], ref[1], 1e-4)
+    for name in ("rho", "d", "Sd", "e"):
+        if arm == "gdn2" and name in ("d", "Sd"):
+            assert not got[2][name].any(), f"{name} of gdn2 must be 0"
+        else:
+            assert_close(name, got[2][name], ref[2][name], 1e-4)
+
+
+@gpu
+def test_gpu_patch_launch_against_naive(monkeypatch):
+    """Arm full with ``lam`` = 1 and ``q = k`` on rows 130-139 (``1 - lam rho`` = 0 there; ``lam``
+    0.4 elsewhere), float32, T = 1000, grouped value heads: the Gram stage flags exactly chunk 2 of
+    every value head, the patch launch forms its ``Sd`` from the direction rows (0 on those rows),
+    and everything matches float64 qed_naive."""
+    made = []
+
+    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
+        made.append(gram_fwd(*a, **k))
+        return made[-1]
+    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    x = _fla_case("gdn", 1000, torch.float32, seed=9)
+    x["q"], x["k"] = (t / t.norm(dim=-1, keepdim=True) for t in (x["q"], x["k"]))
+    x["q"][:, 130:140] = x["k"][:, 130:140]
+    lam = torch.full((1, 1000, 4), 0.4, device="cuda")
+    lam[:, 130:140] = 1.
+    inputs = [x[n] for n in ("q", "k", "v", "g", "b", "b")] + [lam]
+    kw = dict(arm="full", use_qk_l2norm=False, output_final_state=True, return_probes=True)
+    ref = qed_naive(*(t.double() for t in inputs), **kw)
+    got = qed_chunk(*inputs, **kw)
+    ((gram, _),) = made
+    assert gram.patch.tolist() == [[int(c == 2)] * 4 for c in range(len(gram.patch))]
+    assert_close("o", got[0], ref[0], 1e-4)
+    assert_close("final state", got[1], ref[1], 1e-4)
+    for name in ("rho", "d", "Sd", "e"):
+        assert_close(name, got[2][name], ref[2][name], 1e-4)
+    assert got[2]["Sd"][:, 130:140].abs().max() < 1e-4 < got[2]["Sd"][:, 140:].abs().max()
