@@ -32,8 +32,9 @@ float32 log-decay ``-0.1 U(0, 1)``, ``beta ~ U(0, 1)`` in bf16, qk L2-norm in th
   ``ms`` is the median of its rounds' medians and its ratio the median over rounds of its round's
   median over native's in the same round, so that a drift between rounds cancels (each round's
   median, minimum and maximum per variant printed to the log, so that a disturbed round shows).
-* ``generate``: the ``decoder`` section's decode-step rows alone, without its prefill rows; a
-  value-head count named twice (``--value-heads 16,32,32,16``) pools both models' rounds.
+* ``generate``: the ``decoder`` section's decode-step rows alone, without its prefill rows, in
+  ``--rounds`` rounds a model (8 by default); a value-head count named twice (``--value-heads
+  16,32,32,16``) pools both models' rounds.
 * ``decode_parts``: the same models' decode step outside ``generate`` (a prefill with a cache,
   then 16 forwards of one token each: ``generate``'s loop without its bookkeeping), the variants
   alternated as above; printed to the log, the host synchronisations one run of each makes and
@@ -480,12 +481,12 @@ def generate_shape(HV: int, small: bool) -> str:
     return f"B{B} T{Tg} HV{HV} decode"
 
 
-def generate_rounds(model, small: bool) -> dict[str, list]:
-    """:func:`interleaved_decode`'s round medians of the steps inside ``generate`` on a batch of
-    random prompts (:func:`generate_batch`)."""
+def generate_rounds(model, small: bool, rounds: int = 8) -> dict[str, list]:
+    """:func:`interleaved_decode`'s medians of ``rounds`` rounds of the steps inside ``generate`` on
+    a batch of random prompts (:func:`generate_batch`)."""
     B, Tg = generate_batch(small)
     gen_ids = torch.randint(2, model.config.vocab_size, (B, Tg), device=DEV)
-    return interleaved_decode(model, generate_steps(model, gen_ids))
+    return interleaved_decode(model, generate_steps(model, gen_ids), rounds=rounds)
 
 
 def host_synchronisations(run) -> collections.Counter:
@@ -537,8 +538,9 @@ def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALU
     each_model("decoder", value_heads, left, 120, lambda HV: decoder_shape(rows, HV, small, left))
 
 
-def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS):
-    """The ``decoder`` section's decode-step rows alone (no prefill rows). A value-head count
+def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS, rounds: int = 8):
+    """The ``decoder`` section's decode-step rows alone (no prefill rows), ``rounds`` rounds a
+    model (:func:`interleaved_decode`). A value-head count
     named more than once (``16,32,32,16``: each model built twice, the second time in the opposite
     order, so that a drift of the host over the run touches both counts alike) pools the rounds of
     its models into one row per variant, written after its last model (or, where the budget cuts
@@ -547,7 +549,7 @@ def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VAL
     pooled: dict[int, dict[str, list]] = {}
 
     def one_model(HV: int) -> None:
-        for name, got in generate_rounds(random_qwen35(HV, small), small).items():
+        for name, got in generate_rounds(random_qwen35(HV, small), small, rounds).items():
             pooled.setdefault(HV, {}).setdefault(name, []).extend(got)
         pending[HV] -= 1
         if not pending[HV]:
@@ -570,6 +572,8 @@ def main() -> int:
     ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
                     help="comma-separated value-head counts of the parts rows and the decoder, generate and "
                          "decode_parts models")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="alternating rounds of the generate section's variants per model (at least 1)")
     ap.add_argument("--op-shapes", default=",".join(f"{b}x{t}" for b, t in OP_SHAPES),
                     help="comma-separated BxT token shapes of the op, kda and parts rows")
     a = ap.parse_args()
@@ -589,6 +593,8 @@ def main() -> int:
         shapes = []
     if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
         ap.error(f"--op-shapes: expected comma-separated BxT such as 1x32768,8x4096, got {a.op_shapes!r}")
+    if a.rounds < 1:
+        ap.error(f"--rounds: expected a positive integer, got {a.rounds}")
     if not torch.cuda.is_available():
         P("bench/hf_models.py needs CUDA")
         return 1
@@ -598,7 +604,7 @@ def main() -> int:
     runners = dict(op=op_rows, kda=kda_rows, decode=decode_rows, decoder=decoder_rows, generate=generate_rows,
                    parts=parts_rows, decode_parts=decode_parts_rows)
     options = dict(op=dict(shapes=shapes), kda=dict(shapes=shapes), parts=dict(value_heads=value_heads, shapes=shapes),
-                   decoder=dict(value_heads=value_heads), generate=dict(value_heads=value_heads),
+                   decoder=dict(value_heads=value_heads), generate=dict(value_heads=value_heads, rounds=a.rounds),
                    decode_parts=dict(value_heads=value_heads))
     for name in sections:
         runners[name](rows, left, **options.get(name, {}))
