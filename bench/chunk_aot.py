@@ -174,15 +174,22 @@ def forward(probes: bool, K: int, V: int, H: int = 16, warps: int | None = None,
 
 
 def compile_state(io: str, prec: str, H: int, HV: int, K: int, V: int, BV: int, warps: int, stages: int, *,
-                  row_decay: bool):
+                  row_decay: bool, output: bool = False, fold: bool = False):
     """``qed_state_kernel`` at one configuration: per-channel decay (``kg, gl`` per value head) or,
-    with ``row_decay``, the scalar-gate path's (keys of the q/k head, ``G`` per row)."""
+    with ``row_decay``, the scalar-gate path's (keys of the q/k head, ``G`` per row); with
+    ``output`` the scalar-gate scan that forms the output itself (the queries' norms applied at its
+    store with ``fold``) instead of storing the chunk-start states and residuals."""
     keys = dict(kg=f"*{io}", gc="*fp32") if row_decay else dict(kg=f"*{io}", gl="*fp32")
+    stored = dict(q=f"*{io}", o=f"*{io}", scale="fp32", **({"rq": "*fp32"} if fold else {})) if output else \
+        dict(hs=f"*{io}", r=f"*{io}")
+    absent = dict(hs=None, r=None, **({} if fold else {"rq": None})) if output else dict(q=None, rq=None, o=None,
+                                                                                          scale=1.0)
     compile_(qed_state_kernel,
-             dict(w=f"*{io}", u=f"*{io}", h0="*fp32", hs=f"*{io}", r=f"*{io}", ht="*fp32", T="i32", **keys),
+             dict(w=f"*{io}", u=f"*{io}", h0="*fp32", ht="*fp32", T="i32", **keys, **stored),
              dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=tl.float32, PREC=prec,
-                  WHILE_LOOP=False, USE_H0=True, STORE_HT=True, STORE_R=True, IS_VARLEN=False, ROW_DECAY=row_decay,
-                  cu_seqlens=None, chunk_offsets=None, **({"gl": None} if row_decay else {"gc": None})),
+                  WHILE_LOOP=False, USE_H0=True, STORE_HT=True, STORE_HS=not output, STORE_R=not output,
+                  OUTPUT=output, IS_VARLEN=False, ROW_DECAY=row_decay, cu_seqlens=None, chunk_offsets=None,
+                  **({"gl": None} if row_decay else {"gc": None}), **absent),
              warps, stages)
 
 
@@ -227,8 +234,10 @@ def scalar_forward(probes: bool, K: int, V: int, H: int = 16, HV: int = 32, warp
                  warps or chunk_wy.WY_WARPS)
         for scans in (1 << 20, 64, 1):
             BV, nw, stages = state_config(K, V, dtype, scans=scans, sm_count=H200_SMS, row_decay=True)
-            print(f"BV={BV:<3d}", end=" ")
-            compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True)
+            for output in (False, True):
+                print(f"BV={BV:<3d} {'scan + output' if output else 'scan':13s}", end=" ")
+                compile_state(io, prec, H, HV, K, V, BV, warps or nw, stages, row_decay=True, output=output,
+                              fold=fold)
     for sd in ("residual", "patch") if probes else ("off",):
         BV, nw, stages = scalar_output_config(V, dtype, sd == "patch")
         print(f"SD={sd:<8s}", end=" ")

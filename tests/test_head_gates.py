@@ -210,6 +210,30 @@ def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(layout, 
     assert ref[2]["Sd"][-1, 70:80].abs().max() < 1e-12 < ref[2]["Sd"][-1, 80:].abs().max()
 
 
+@pytest.mark.parametrize("probes", [False, ("e", "rho"), ("d",), ("Sd",)])
+@pytest.mark.parametrize("heads", [(3, 3), (2, 4)])
+def test_scalar_gate_output_in_the_scan_unless_sd_is_asked_for(heads, probes, monkeypatch):
+    """Without ``Sd`` asked for, the state scan forms the output itself (``chunk_state_fwd`` with
+    ``o``; no chunk-start states or residuals stored, no output launch); with it, the scan stores
+    them for the output stage. Either way ``o``, the final state and the probes asked for match
+    float64 qed_naive: the norms folded (one value head per q/k head) or stored (grouped), packed
+    sequences, both states, per-token lambda."""
+    scans = []
+
+    def spy(*a, scan=chunk_mod.chunk_state_fwd, **kw):
+        scans.append((kw.get("o") is not None, kw["hs"] is not None))
+        return scan(*a, **kw)
+    monkeypatch.setattr(chunk_mod, "chunk_state_fwd", spy)
+    H_, HV_ = heads
+    x = grouped_inputs(B=1, T=150, H=H_, HV=HV_, K=24, V=16, seed=61, lam_token=True)
+    x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
+    kw = dict(arm="full", output_final_state=True, return_probes=probes, cu_seqlens=torch.tensor([0, 70, 150]),
+              initial_state=torch.randn(2, HV_, 24, 16, dtype=F64, generator=torch.Generator().manual_seed(7)))
+    assert_outputs_close(qed_chunk(*args(x), **kw), qed_naive(*args(x), **kw), atol=1e-10)
+    in_scan = not probes or "Sd" not in probes
+    assert scans == [(in_scan, not in_scan)]
+
+
 def test_scalar_gate_state_scan_value_blocks_agree(monkeypatch):
     """The scalar-gate state scan at value blocks of 16 (what the rule takes for a few long
     sequences on a GPU) and of 64: the same outputs, states and probes (the value axis only splits

@@ -180,16 +180,21 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     v, w = v.contiguous(), w.contiguous()
     wy = scalar_wy_fwd(x, gram, v, w, ai, lay=lay)
     del ai
-    hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
-    r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
     ht = torch.empty(P.N, P.HV, P.K, P.V, device=dev, dtype=ct) if output_final_state else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.qk_rows(x)[1], gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht,
-                    T=P.T, N=P.N)
-    del wy  # (fla's forward holds its A, w, u through the output stage)
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
-    sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
-    scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
+    q, k = gram.qk_rows(x)
+    sd = None
+    if "Sd" in want:  # the output stage reads the chunk-start states and residuals
+        hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
+        r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
+        chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht, T=P.T, N=P.N)
+        del wy  # (fla's forward holds its A, w, u through the output stage)
+        sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct)
+        scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
+    else:  # the scan forms the output itself: no chunk-start states or residuals stored
+        chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=None, h0=h0, ht=ht, q=q, rq=gram.rq,
+                        o=o, scale=P.scale, T=P.T, N=P.N)
     return o, ht, selected_probes({"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e}, want)
 
 

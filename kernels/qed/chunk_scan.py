@@ -32,18 +32,43 @@ from .chunk_intra import raw_direction, row_lam
 
 
 @triton.jit
-def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
+def _chunk_output(S, b_r, b_kg, b_G, q, rq, o, scale, rows, m_t, m_tk, m_tv, o_t, o_k, o_v, i_h,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr,
+                  DT: tl.constexpr):
+    """The output rows of one chunk inside the scan, from its start state ``S`` and residuals
+    ``b_r`` still in registers: ``o = scale r_q (e^G q S + (q K^T * Dec) R)``, as the output
+    kernel's ``SD = "off"`` launch forms them from the stored ``hs, R`` (``q`` the query/key head's
+    queries as the scan's keys ``b_kg``: normalised, or raw with their reciprocal norms ``rq``)."""
+    b_q = tl.load(q + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.).to(b_kg.dtype)
+    keep = o_t[:, None] >= o_t[None, :]
+    dec = exp(tl.where(keep, b_G[:, None] - b_G[None, :], 0.))
+    b_a = tl.where(keep, tl.dot(b_q, tl.trans(b_kg), input_precision=PREC) * dec, 0.).to(b_kg.dtype)
+    b_o = (tl.dot(b_q, S.to(b_kg.dtype), input_precision=PREC) * exp(b_G)[:, None]
+           + tl.dot(b_a, b_r.to(b_kg.dtype), input_precision=PREC))
+    if rq is not None:
+        b_o = b_o * (row_factors(rq, rows, m_t, H, i_h, DT) * scale)[:, None]
+    else:
+        b_o = b_o * scale
+    tl.store(o + rows[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r, q, rq, o, scale,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                STORE_R: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, ROW_DECAY: tl.constexpr):
+                STORE_HS: tl.constexpr, STORE_R: tl.constexpr, OUTPUT: tl.constexpr, DT: tl.constexpr,
+                PREC: tl.constexpr, ROW_DECAY: tl.constexpr):
     """One chunk: store its start state (and residuals), return the next state. Per-token
     pointers are already moved to value head ``i_hv``; the chunk decay ``gl`` is per key channel
     (``[NC, HV, K]``). With ``ROW_DECAY`` (the scalar-gate path) ``kg`` holds the keys of the
     query/key head (row stride ``H * K``: normalised, or raw where ``w, u`` carry their reciprocal
     norms on their rows, so that ``K^T (r_k r) = K_hat^T r``) and ``gc`` the within-chunk cumsum
     ``G`` per row: the residuals are scaled by ``e^{G_last - G}`` before the key product (in the
-    state dtype, then rounded once to the products' dtype), and the state by ``e^{G_last}``."""
-    tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
-             S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
+    state dtype, then rounded once to the products' dtype), and the state by ``e^{G_last}``. With
+    ``OUTPUT`` (scalar-gate path only) the chunk's output rows are formed here
+    (:func:`_chunk_output`) instead of storing the start state and residuals for the output kernel."""
+    if STORE_HS:
+        tl.store(hs + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
+                 S.to(hs.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
     rows, m_t, m_tk, m_tv = chunk_rows(i_t, bos, eos, o_t, m_k, m_v, BT)
     b_w = tl.load(w + rows[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0.)
     b_kg = tl.load(kg + rows[:, None] * ((H if ROW_DECAY else HV) * K) + o_k[None, :], mask=m_tk,
@@ -57,6 +82,9 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
     b_r = b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)
     if STORE_R:
         tl.store(r + rows[:, None] * (HV * V) + o_v[None, :], b_r.to(r.dtype.element_ty), mask=m_tv)
+    if OUTPUT:
+        _chunk_output(S, b_r, b_kg, b_G, q, rq, o, scale, rows, m_t, m_tk, m_tv, o_t, o_k, o_v, i_hv // (HV // H),
+                      H, HV, K, V, PREC, DT)
     if ROW_DECAY:
         b_rd = (b_r * tl.where(m_t, exp(b_gl - b_G), 0.)[:, None]).to(b_w.dtype)
         out = S * exp(b_gl) + tl.dot(tl.trans(b_kg), b_rd, input_precision=PREC)
@@ -68,19 +96,21 @@ def _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, g
 @triton.heuristics({
     "USE_H0": lambda args: args["h0"] is not None,
     "STORE_HT": lambda args: args["ht"] is not None,
+    "STORE_HS": lambda args: args["hs"] is not None,
     "STORE_R": lambda args: args["r"] is not None,
+    "OUTPUT": lambda args: args["o"] is not None,
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "ROW_DECAY": lambda args: args["gc"] is not None,
 })
 @triton.jit(do_not_specialize=["T"])
 def qed_state_kernel(
-    w, u, kg, gl, gc, h0, hs, r, ht,
-    cu_seqlens, chunk_offsets, T,
+    w, u, kg, gl, gc, h0, hs, r, ht, q, rq, o,
+    cu_seqlens, chunk_offsets, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, WHILE_LOOP: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_R: tl.constexpr, IS_VARLEN: tl.constexpr,
-    ROW_DECAY: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr, STORE_R: tl.constexpr,
+    OUTPUT: tl.constexpr, IS_VARLEN: tl.constexpr, ROW_DECAY: tl.constexpr,
 ):
     i_v, i_nh, i_hv, bos, eos, NT, c0 = scan_program(cu_seqlens, chunk_offsets, T, HV, BT, IS_VARLEN)
     o_t, o_k, o_v, m_k, m_v = scan_ranges(i_v, K, V, BT, BK, BV)
@@ -97,16 +127,19 @@ def qed_state_kernel(
     u += i_hv * V
     if STORE_R:
         r += i_hv * V
+    if OUTPUT:
+        q += (i_hv // (HV // H)) * K
+        o += i_hv * V
     if WHILE_LOOP:  # the interpreter (numpy >= 2.4) cannot take a tensor as range() bound
         i_t = 0
         while i_t < NT:
-            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
-                            H, HV, K, V, BT, STORE_R, DT, PREC, ROW_DECAY)
+            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r, q, rq, o,
+                            scale, H, HV, K, V, BT, STORE_HS, STORE_R, OUTPUT, DT, PREC, ROW_DECAY)
             i_t += 1
     else:
         for i_t in range(NT):
-            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r,
-                            H, HV, K, V, BT, STORE_R, DT, PREC, ROW_DECAY)
+            S = _state_step(S, i_t, bos, eos, c0, i_hv, o_t, o_k, o_v, m_k, m_v, w, u, kg, gl, gc, hs, r, q, rq, o,
+                            scale, H, HV, K, V, BT, STORE_HS, STORE_R, OUTPUT, DT, PREC, ROW_DECAY)
     if STORE_HT:
         p_h = ht + i_nh * K * V + o_k[:, None] * V + o_v[None, :]
         tl.store(p_h, S.to(ht.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])
@@ -238,23 +271,28 @@ def output_config(V: int, inter_dtype: torch.dtype, probes: bool) -> tuple[int, 
     return (min(64, triton.next_power_of_2(V)), 4) if probes else (min(128, triton.next_power_of_2(V)), 8)
 
 
-def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=None, ht=None, T: int, N: int,
-                    config: tuple[int, int, int] | None = None) -> None:
-    """Launch ``qed_state_kernel`` (grid: value blocks x sequences x value heads): writes the
-    chunk-start states ``hs`` ``[NC, HV, K, V]`` and, when given, the residuals ``r``
-    ``[B, T, HV, V]`` and the final states ``ht``; ``h0`` the initial states. Keys and decay:
-    ``kg = k e^{G_last - G}`` per value head and ``gl = e^{G_last}``, or (the scalar-gate path)
-    ``kg`` the keys ``[B, T, H, K]`` (normalised, or raw with their reciprocal norms on the rows of
-    ``w, u``), ``gc`` the per-row ``G`` ``[B, T, HV]`` and ``gl`` None. ``config``
-    ``(BV, num_warps, num_stages)`` overrides :func:`state_config` (for screening configurations,
-    ``scripts/scan_configs.py``)."""
+def chunk_state_fwd(lay: ChunkLayout, *, w, u, kg, gl, hs, gc=None, r=None, h0=None, ht=None, q=None, rq=None,
+                    o=None, scale: float = 1.0, T: int, N: int, config: tuple[int, int, int] | None = None) -> None:
+    """Launch ``qed_state_kernel`` (grid: value blocks x sequences x value heads): writes, when
+    given, the chunk-start states ``hs`` ``[NC, HV, K, V]``, the residuals ``r`` ``[B, T, HV, V]``
+    and the final states ``ht``; ``h0`` the initial states. Keys and decay: ``kg = k e^{G_last -
+    G}`` per value head and ``gl = e^{G_last}``, or (the scalar-gate path) ``kg`` the keys ``[B, T,
+    H, K]`` (normalised, or raw with their reciprocal norms on the rows of ``w, u``), ``gc`` the
+    per-row ``G`` ``[B, T, HV]`` and ``gl`` None. On the scalar-gate path with ``o`` the scan also
+    writes the output ``o`` ``[B, T, HV, V]`` from the queries ``q`` ``[B, T, H, K]`` (as ``kg``:
+    with their reciprocal norms ``rq`` ``[B, T, H]`` where raw) and ``scale``, so that ``hs`` and
+    ``r`` need not be stored. ``config`` ``(BV, num_warps, num_stages)`` overrides
+    :func:`state_config` (for screening configurations, ``scripts/scan_configs.py``)."""
     _, _, HV, K = w.shape
     V = u.shape[-1]
+    if o is not None and (gc is None or q is None):
+        raise ValueError("chunk_state_fwd: the output `o` is formed in the scan only on the scalar-gate path "
+                         "(`gc` given) and needs the queries `q`")
     BV, num_warps, num_stages = config or state_config(K, V, w.dtype, scans=N * HV, sm_count=multiprocessors(w.device),
                                                        row_decay=gc is not None)
     qed_state_kernel[(triton.cdiv(V, BV), N * HV)](
-        w=w, u=u, kg=kg, gl=gl, gc=gc, h0=h0, hs=hs, r=r, ht=ht,
-        cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T,
+        w=w, u=u, kg=kg, gl=gl, gc=gc, h0=h0, hs=hs, r=r, ht=ht, q=q, rq=rq, o=o,
+        cu_seqlens=lay.cu_seqlens, chunk_offsets=lay.chunk_offsets, T=T, scale=scale,
         H=kg.shape[2], HV=HV, K=K, V=V, BT=BT, BK=triton.next_power_of_2(K), BV=BV, DT=lay.DT, PREC=lay.prec,
         WHILE_LOOP=lay.interpreting, num_warps=num_warps, num_stages=num_stages,
     )
