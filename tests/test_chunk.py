@@ -236,6 +236,18 @@ def test_row_decay_state_scan_rule():
     assert state_config(128, 128, torch.float32, scans=2, sm_count=132, row_decay=True) == (64, 8, 1)
 
 
+def test_output_formed_in_the_scan_where_it_runs_value_blocks_of_64_three_deep():
+    """``scan_forms_output``: only where the scalar-gate scan runs value blocks of 64 three deep
+    (Qwen3.5-0.8B's 16 value heads at 8 x 4K, 64 at 1 x 32K), not at 16 or 32, not two deep, not in
+    float32 and not where the GPU is unknown (the interpreter)."""
+    from qedprobe.kernels.qed.chunk_scan import scan_forms_output
+    forms = lambda scans, dtype=torch.bfloat16, sms=132: scan_forms_output(128, 128, dtype, scans=scans,  # noqa: E731
+                                                                             sm_count=sms)
+    assert forms(8 * 16) and forms(64) and forms(132)
+    assert not forms(16) and not forms(32) and not forms(133) and not forms(8 * 32)
+    assert not forms(8 * 16, torch.float32) and not forms(8 * 16, sms=None)
+
+
 def test_block_inverse_writes_zeros_above_the_diagonal(monkeypatch):
     """``chunk_inverse_fwd`` against ``torch.linalg.inv(I + A)`` per chunk and value head in float64,
     the partial last chunk of T = 100 included, with exact zeros above the diagonal (W/U and the

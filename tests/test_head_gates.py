@@ -213,12 +213,15 @@ def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(layout, 
 @pytest.mark.parametrize("probes", [False, ("e", "rho"), ("d",), ("Sd",)])
 @pytest.mark.parametrize("heads", [(3, 3), (2, 4)])
 def test_scalar_gate_output_in_the_scan_unless_sd_is_asked_for(heads, probes, monkeypatch):
-    """Without ``Sd`` asked for, the state scan forms the output itself (``chunk_state_fwd`` with
-    ``o``; no chunk-start states or residuals stored, no output launch); with it, the scan stores
-    them for the output stage. Either way ``o``, the final state and the probes asked for match
-    float64 qed_naive: the norms folded (one value head per q/k head) or stored (grouped), packed
-    sequences, both states, per-token lambda."""
+    """Where the rule lets it (forced here: ``chunk_scan.scan_forms_output``, whose GPU rule is
+    ``tests/test_chunk.py::test_row_decay_state_scan_rule``) and ``Sd`` is not asked for, the state
+    scan forms the output itself (``chunk_state_fwd`` with ``o``; no chunk-start states or
+    residuals stored, no output launch); with ``Sd``, the scan stores them for the output stage.
+    Either way ``o``, the final state and the probes asked for match float64 qed_naive: the norms
+    folded (one value head per q/k head) or stored (grouped), packed sequences, both states,
+    per-token lambda."""
     scans = []
+    monkeypatch.setattr(chunk_mod, "scan_forms_output", lambda *a, **k: True)
 
     def spy(*a, scan=chunk_mod.chunk_state_fwd, **kw):
         scans.append((kw.get("o") is not None, kw["hs"] is not None))
@@ -530,3 +533,41 @@ def test_gpu_patch_launch_against_naive(monkeypatch):
     for name in ("rho", "d", "Sd", "e"):
         assert_close(name, got[2][name], ref[2][name], 1e-4)
     assert got[2]["Sd"][:, 130:140].abs().max() < 1e-4 < got[2]["Sd"][:, 140:].abs().max()
+
+
+@gpu
+@pytest.mark.parametrize("grouped", [True, False])
+def test_gpu_output_formed_in_the_scan_at_its_launch(grouped, monkeypatch):
+    """bf16, K = V = 128, T = 1000, lam 0.1, the scan forming the output at the launch the rule
+    gives it (value blocks of 64, three deep; forced, since the rule depends on the shape and the
+    GPU's SM count): ``o`` and the final state within bf16 rounding of the output stage's (the same
+    inputs with ``Sd`` asked for) and of float64 qed_naive on the same bf16 inputs, the norms folded
+    (one value head per q/k head) or stored; at lam = 0 fla's ``chunk_gated_delta_rule``."""
+    fla = pytest.importorskip("fla.ops", reason="fla is the reference here")
+    gen = torch.Generator().manual_seed(11)
+    H_ = 2 if grouped else 4
+    x = dict(q=torch.randn(1, 1000, H_, 128, generator=gen), k=torch.randn(1, 1000, H_, 128, generator=gen),
+             v=torch.randn(1, 1000, 4, 128, generator=gen), g=-0.1 * torch.rand(1, 1000, 4, generator=gen),
+             b=torch.rand(1, 1000, 4, generator=gen))
+    x = {n: t.to("cuda", torch.bfloat16 if n in ("q", "k", "v") else torch.float32) for n, t in x.items()}
+    inputs = [x[n] for n in ("q", "k", "v", "g", "b", "b")]
+    lam = torch.full((4,), 0.1, device="cuda")
+    ref = qed_naive(*(t.double() for t in inputs), lam.double(), output_final_state=True)
+    staged = qed_chunk(*inputs, lam, output_final_state=True, return_probes=("Sd",))
+    launches = []
+
+    def scan(*a, fwd=chunk_scan.chunk_state_fwd, **kw):
+        launches.append(kw.get("o") is not None)
+        return fwd(*a, **kw)
+    monkeypatch.setattr(chunk_mod, "scan_forms_output", lambda *a, **k: True)
+    monkeypatch.setattr(chunk_mod, "chunk_state_fwd", scan)
+    monkeypatch.setattr(chunk_scan, "state_config", lambda *a, **k: (64, 4, 3))
+    o, s, _ = qed_chunk(*inputs, lam, output_final_state=True)
+    assert launches == [True]
+    assert rel_err(o, staged[0]) < 1e-2 and rel_err(s, staged[1]) < 1e-2
+    assert_close("o", o, ref[0], 2e-2)
+    assert_close("final state", s, ref[1], 2e-2)
+    o, s, _ = qed_chunk(*inputs, lam * 0, output_final_state=True)
+    ro, rs = fla.chunk_gated_delta_rule(*inputs[:5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert_close("o at lam = 0", o, ro, 2e-2)
+    assert_close("final state at lam = 0", s, rs, 2e-2)

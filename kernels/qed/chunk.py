@@ -77,7 +77,8 @@ from .arms import direction_flags
 from .chunk_bwd import input_grads
 from .chunk_common import ChunkLayout, chunk_layout, interpreting
 from .chunk_intra import DirectionInputs, Prepared, chunk_prep_fwd, chunk_scores_fwd
-from .chunk_scan import SD_MIN_DENOMINATOR, chunk_output_fwd, chunk_state_fwd, scalar_output_fwd, sd_patched
+from .chunk_scan import (SD_MIN_DENOMINATOR, chunk_output_fwd, chunk_state_fwd, multiprocessors, scalar_output_fwd,
+                         scan_forms_output, sd_patched)
 from .chunk_wy import WYFactors, chunk_inverse_fwd, chunk_wy_fwd, scalar_wy_fwd
 from .inputs import QEDOutput, QEDProblem, check_qed_inputs, on_input_device, probe_request, selected_probes
 from .scalar_gram import scalar_gram_fwd
@@ -169,8 +170,9 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     """The scalar-gate path (``g`` and ``b`` ``[B, T, HV]``), five launches (module docstring): the
     Gram stage (``scalar_gram``: normalised ``q, k`` and their Gram matrices once per query/key
     head; per value head ``G``, the per-row ``alpha, gamma`` of the erase vector and ``A_kk``), the
-    block inverse, ``W, U``, the state scan and the output. ``want``: the probes asked for (``d``
-    and ``Sd`` are written only when named). Returns ``(o, final_state, probes)``."""
+    block inverse, ``W, U``, the state scan and the output (formed in the scan where
+    ``chunk_scan.scan_forms_output`` rules so and ``Sd`` is not asked for). ``want``: the probes
+    asked for (``d`` and ``Sd`` are written only when named). Returns ``(o, final_state, probes)``."""
     dev, ct = v.device, P.compute_dtype
     gram, akk = scalar_gram_fwd(x, g.contiguous(), lay=lay, inter_dtype=inter, probes=bool(want),
                                 direction="d" in want,
@@ -184,17 +186,17 @@ def scalar_gate_forward(P: QEDProblem, x: DirectionInputs, v, g, w, *, lay: Chun
     h0 = initial_state.contiguous() if initial_state is not None else None
     o = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=v.dtype)
     q, k = gram.qk_rows(x)
-    sd = None
-    if "Sd" in want:  # the output stage reads the chunk-start states and residuals
+    if "Sd" not in want and scan_forms_output(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(dev)):
+        sd = None  # the scan forms the output itself: no chunk-start states or residuals stored
+        chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=None, h0=h0, ht=ht, q=q, rq=gram.rq,
+                        o=o, scale=P.scale, T=P.T, N=P.N)
+    else:  # the output stage reads the chunk-start states and residuals
         hs = torch.empty(lay.NC, P.HV, P.K, P.V, device=dev, dtype=inter)
         r = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=inter)
         chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=hs, r=r, h0=h0, ht=ht, T=P.T, N=P.N)
         del wy  # (fla's forward holds its A, w, u through the output stage)
-        sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct)
+        sd = torch.empty(P.B, P.T, P.HV, P.V, device=dev, dtype=ct) if "Sd" in want else None
         scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale, sd=sd)
-    else:  # the scan forms the output itself: no chunk-start states or residuals stored
-        chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=None, h0=h0, ht=ht, q=q, rq=gram.rq,
-                        o=o, scale=P.scale, T=P.T, N=P.N)
     return o, ht, selected_probes({"rho": gram.rho, "d": gram.d, "Sd": sd, "e": gram.e}, want)
 
 

@@ -243,6 +243,17 @@ def state_config(K: int, V: int, inter_dtype: torch.dtype, *, scans: int | None 
     return min(BV, triton.next_power_of_2(V)), 4 if pipelined else 8, 2 if pipelined else 1
 
 
+def scan_forms_output(K: int, V: int, inter_dtype: torch.dtype, *, scans: int, sm_count: int | None) -> bool:
+    """Whether the scalar-gate path's state scan forms the output itself (``chunk_state_fwd`` with
+    ``o``, probes other than ``Sd`` only), by rule: where :func:`state_config` runs it in value
+    blocks of 64 three deep (one program per SM, up to two waves). There the output's three
+    products per chunk (``q S``, ``q K^T``, ``A R``) cost less than storing and reading back the
+    chunk-start states and residuals; in value blocks of 16 every program of a q/k head forms
+    ``q K^T`` again (four times the ``W S`` product's work), and two programs per SM (two deep,
+    many scans) do not fit the output's tiles beside the scan's (docs/BENCHMARKS.md)."""
+    return state_config(K, V, inter_dtype, scans=scans, sm_count=sm_count, row_decay=True)[::2] == (64, 3)
+
+
 @functools.lru_cache
 def multiprocessors(device: torch.device) -> int | None:
     """Streaming multiprocessors of a CUDA ``device`` (None elsewhere: the interpreter)."""
