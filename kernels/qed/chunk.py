@@ -44,7 +44,8 @@ query/key head: normalised ``q, k``, their Gram matrices once, per value head ``
 gamma`` and ``A_kk``), ``chunk_wy.chunk_inverse_fwd``, ``chunk_wy.scalar_wy_fwd`` (``a e^G``
 rebuilt from ``k_hat``, ``x`` and the row scalars), ``chunk_scan.chunk_state_fwd`` (keys of the
 query/key head, decay per row) and ``chunk_scan.scalar_output_fwd`` (``Q K^T`` formed there, as
-fla's ``chunk_o``). Nothing ``K``-wide is written per value head but ``W`` (and the probe ``d``).
+fla's ``chunk_o``), or four where the scan forms the output itself (``chunk_scan.scan_forms_output``,
+without ``Sd``). Nothing ``K``-wide is written per value head but ``W`` (and the probe ``d``).
 With a scalar erase gate the direction of most arms lies in the span of ``q_hat_t`` and
 ``k_hat_t``, so the output stage reads the probe ``Sd`` off the residual, ``S_bar_t^T a_t = w_t v_t
 - r_t``, and its own ``S_t^T q_hat_t`` (``chunk_scan.sd_form``); a sixth launch forms again, from

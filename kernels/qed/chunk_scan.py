@@ -15,6 +15,11 @@ all chunks at once, from the chunk-start state ``S0 = hs`` and the residuals ``R
     o   = qg S0 + A_qk R                  (qg = scale q exp(G), A_qk causal incl. diagonal)
     Sd  = dg S0 + A_dk R                  probes only (dg = d exp(G), A_dk strictly causal)
 
+On the scalar-gate path ``qed_state_kernel`` can form ``o`` itself from ``S0`` and ``R`` while
+they are in registers (``OUTPUT``; ``hs`` and ``R`` then never stored), where
+:func:`scan_forms_output` rules so and ``Sd`` is not asked for; ``qed_scalar_output_kernel`` is the
+scalar-gate path's output stage otherwise.
+
 The backward reruns only the state kernel (its chunk-start states and residuals), not the output.
 States are ``[NC, HV, K, V]`` by global chunk index.
 """
