@@ -6,7 +6,8 @@ ptxas Triton itself uses for sm_90) and print shared memory, registers and spill
 ``fwd``: the six forward kernels (prep, scores, inverse, W/U, state scan, output) at bf16 (or, with ``--fp32``,
 float32) inputs / float32 state, probes off and on, with the warps and slices ``qed_chunk`` launches them with (or
 ``--warps``), or with ``--head`` the five of the scalar-gate path (``g, b, w`` ``[B, T, HV]``: Gram, inverse,
-W/U, state scan with the decay per row, output; 16 q/k heads and ``--HV`` value heads); ``bwd``: the backward's prep
+W/U, state scan with the decay per row, alone and forming the output itself, output; 16 q/k heads and ``--HV``
+value heads); ``bwd``: the backward's prep
 (with the ``HATS`` its scores kernel loads) and the five backward
 kernels the same way (bf16 inputs, or ``--fp32``). Every pointer is taken 16-byte aligned, as the
 JIT specializes a launch on torch's tensors (without it the loads and stores are compiled scalar and
