@@ -214,12 +214,12 @@ def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(layout, 
 @pytest.mark.parametrize("heads", [(3, 3), (2, 4)])
 def test_scalar_gate_output_in_the_scan_unless_sd_is_asked_for(heads, probes, monkeypatch):
     """Where the rule lets it (forced here: ``chunk_scan.scan_forms_output``, whose GPU rule is
-    ``tests/test_chunk.py::test_row_decay_state_scan_rule``) and ``Sd`` is not asked for, the state
-    scan forms the output itself (``chunk_state_fwd`` with ``o``; no chunk-start states or
-    residuals stored, no output launch); with ``Sd``, the scan stores them for the output stage.
-    Either way ``o``, the final state and the probes asked for match float64 qed_naive: the norms
-    folded (one value head per q/k head) or stored (grouped), packed sequences, both states,
-    per-token lambda."""
+    ``tests/test_chunk.py::test_output_formed_in_the_scan_where_it_runs_value_blocks_of_64_three_deep``)
+    and ``Sd`` is not asked for, the state scan forms the output itself (``chunk_state_fwd`` with
+    ``o``; no chunk-start states or residuals stored, no output launch); with ``Sd``, the scan
+    stores them for the output stage. Either way ``o``, the final state and the probes asked for
+    match float64 qed_naive: the norms folded (one value head per q/k head) or stored (grouped),
+    packed sequences, both states, per-token lambda."""
     scans = []
     monkeypatch.setattr(chunk_mod, "scan_forms_output", lambda *a, **k: True)
 
