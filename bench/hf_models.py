@@ -594,7 +594,7 @@ def main() -> int:
     if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
         ap.error(f"--op-shapes: expected comma-separated BxT such as 1x32768,8x4096, got {a.op_shapes!r}")
     if a.rounds < 1:
-        ap.error(f"--rounds: expected a positive integer, got {a.rounds}")
+        ap.error(f"--rounds: expected a positive integer, got {str(a.rounds)!r}")
     if not torch.cuda.is_available():
         P("bench/hf_models.py needs CUDA")
         return 1

@@ -209,12 +209,15 @@ def test_generate_section_writes_the_decode_step_rows_alone(monkeypatch, tmp_pat
     monkeypatch.setattr(hf_models.torch.cuda, "get_device_name", lambda *a: "test device")
     heads = []
     monkeypatch.setattr(hf_models, "generate_steps", lambda model, ids: None)
-    rounds = ([30., 40., 32.], [31., 38., 36.], [33., 46., 31.])  # native's rounds drift: 40 in the second
-    monkeypatch.setattr(hf_models, "interleaved_decode", lambda model, measure: (
-        heads.append(model.config.linear_num_value_heads) or dict(zip(hf_models.DECODE_VARIANTS, rounds))))
+    asked = []
+    medians = ([30., 40., 32.], [31., 38., 36.], [33., 46., 31.])  # native's rounds drift: 40 in the second
+    monkeypatch.setattr(hf_models, "interleaved_decode", lambda model, measure, rounds: (
+        heads.append(model.config.linear_num_value_heads) or asked.append(rounds)
+        or dict(zip(hf_models.DECODE_VARIANTS, medians))))
     rows = hf_models.Rows(str(tmp_path / "rows.json"), "abc1234")
-    hf_models.generate_rows(rows, lambda: 1e9, small=True, value_heads=(16, 32))
+    hf_models.generate_rows(rows, lambda: 1e9, small=True, value_heads=(16, 32), rounds=3)
     assert heads == [2, 4]  # the small models' value heads: HV // 8
+    assert asked == [3, 3]  # --rounds reaches each model's alternation
     got = [(r["name"], r["shape"], r["ms"], r["ratio"]) for r in json.load(open(tmp_path / "rows.json"))]
     B, T = hf_models.generate_batch(True)
     paired = (None, round(31 / 30, 4), round(33 / 30, 4))  # medians of the per-round ratios (pooled: 36 / 32, 33 / 32)
@@ -234,7 +237,7 @@ def test_generate_section_pools_the_rounds_of_a_value_head_count_named_twice(mon
         ([10., 20.], [11., 20.], [12., 22.]), ([30., 30.], [30., 33.], [30., 30.]),
         ([40., 40.], [40., 40.], [44., 44.]), ([50., 50.], [45., 50.], [50., 55.])])
     monkeypatch.setattr(hf_models, "interleaved_decode",
-                        lambda model, measure: dict(zip(hf_models.DECODE_VARIANTS, next(calls))))
+                        lambda model, measure, rounds: dict(zip(hf_models.DECODE_VARIANTS, next(calls))))
     rows = hf_models.Rows(str(tmp_path / "rows.json"), "abc1234")
     hf_models.generate_rows(rows, lambda: 1e9, small=True, value_heads=(16, 32, 32, 16))
     got = [(r["shape"].split()[2], r["ms"], r["ratio"]) for r in json.load(open(tmp_path / "rows.json"))]
@@ -419,10 +422,11 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
 
 
 @pytest.mark.parametrize("flag,value", [("--op-shapes", "8x"), ("--op-shapes", "8x4096,0x16"),
-                                        ("--op-shapes", "8*4096"), ("--value-heads", "16,x")])
+                                        ("--op-shapes", "8*4096"), ("--value-heads", "16,x"), ("--rounds", "0"),
+                                        ("--rounds", "x")])
 def test_hf_models_refuses_a_bad_shape_by_its_flag(flag, value):
-    """``bench/hf_models.py`` refuses a malformed ``--op-shapes`` / ``--value-heads`` before it looks
-    for CUDA: exit status 2, the flag named with the value it got."""
+    """``bench/hf_models.py`` refuses a malformed ``--op-shapes`` / ``--value-heads`` / ``--rounds``
+    before it looks for CUDA: exit status 2, the flag named with the value it got."""
     done = subprocess.run([sys.executable, str(BENCH / "hf_models.py"), flag, value], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and f"{flag}:" in done.stderr and repr(value) in done.stderr, done.stderr[-500:]
