@@ -18,7 +18,8 @@ matches becomes the rule.
 ``--H`` q/k heads and ``--HV`` value heads, as a Qwen3.5 layer): its state scan with the decay per
 row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
 ``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
-installed, its output kernel with the probe ``Sd`` (arm full: its residual form, and the patch
+installed, the same scan forming the output itself under those configurations against the state
+scan and the output kernel together (``chunk_scan.scan_forms_output``'s choice), its output kernel with the probe ``Sd`` (arm full: its residual form, and the patch
 launch, which with these inputs forms no chunk again) and without (:data:`SCALAR_OUTPUT_CONFIGS`)
 and, unless one of the two is screened alone, its Gram stage with probes off and on
 (:data:`GRAM_CONFIGS`; ``--gram-only``: that alone).
@@ -61,7 +62,8 @@ OUTPUT_CONFIGS = [(bv, warps, kb, stages) for bv in (64, 128) for warps in (4, 8
 """(BV, warps, key block, stages) of the output kernel (``chunk_output_fwd``'s ``config``), probes off
 and on; (256, 1): one key block, unpipelined, as by default."""
 ROW_DECAY_STATE_CONFIGS = [(bv, 4, stages) for bv in (16, 32, 64) for stages in (2, 3, 4)]
-"""(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``)."""
+"""(BV, warps, stages) of the scalar-gate path's state scan (``--head-gates``), alone and forming
+the output itself."""
 SCALAR_OUTPUT_CONFIGS = [(bv, warps, 1) for bv in (64, 128) for warps in (4, 8)]
 """(BV, warps, stages) of the scalar-gate output kernel (``--head-gates``), probes off and on."""
 GRAM_CONFIGS = [(warps, 1, maxnreg) for warps in (4, 8) for maxnreg in (None, 128, 168)] + [(16, 1, None)]
@@ -142,6 +144,8 @@ def head_gate_rows(a, dev) -> list[dict]:
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
     rows = state_rows("qed_state_kernel (decay per row)", state,
                       [] if a.output_only else list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])), rule, hs, r, P)
+    if not a.output_only:
+        rows += scan_output_rows(lay, x, gram, wy, v, w, hs, r, o, P, rule)
     fla = None if a.output_only else fla_state_scan(x, gram, wy)
     if fla is not None:
         rows.append(dict(kernel="fla chunk_gated_delta_rule_fwd_h", ms=round(timed(fla), 4)))
@@ -162,6 +166,35 @@ def head_gate_rows(a, dev) -> list[dict]:
             rows.append(dict(kernel="qed_scalar_output_kernel", BV=cfg[0], warps=cfg[1], stages=cfg[2], probes=probes,
                              ms=round(t, 4), rule=cfg == out_rule, max_diff=diff))
             print(rows[-1], flush=True)
+    return rows
+
+
+def scan_output_rows(lay, x, gram, wy, v, w, hs, r, o, P, rule) -> list[dict]:
+    """The scalar-gate scan forming the output itself (``chunk_state_fwd`` with ``o``, no ``hs, R``)
+    under each of :data:`ROW_DECAY_STATE_CONFIGS` and the state scan's ``rule``, each ``o`` compared
+    with the two-launch path's (the state scan at ``rule`` writing ``hs, r``, then the output
+    kernel at its rule, probes off), which is timed as one row too: where the scan forming ``o``
+    beats that row, ``chunk_scan.scan_forms_output`` may take it."""
+    q, k = gram.qk_rows(x)
+
+    def staged():
+        chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=hs, r=r, T=P.T, N=P.N, config=rule)
+        scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale)
+
+    def in_scan(cfg):
+        return lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=None, q=q, rq=gram.rq, o=o,
+                                       scale=P.scale, T=P.T, N=P.N, config=cfg)
+    staged()
+    ref = o.clone()
+    rows = [dict(kernel="state scan + scalar output kernel (rules)", ms=round(timed(staged), 4))]
+    print(rows[-1], flush=True)
+    for cfg in dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule]):
+        t = timed(in_scan(cfg))
+        rows.append(dict(kernel="qed_state_kernel forming o", BV=cfg[0], warps=cfg[1], stages=cfg[2],
+                         programs=triton.cdiv(P.V, cfg[0]) * P.N * P.HV, ms=round(t, 4), rule=cfg == rule,
+                         max_diff=(o - ref).abs().max().item()))
+        print(rows[-1], flush=True)
+    staged()
     return rows
 
 

@@ -389,7 +389,8 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     """``scripts/scan_configs.py`` in Triton's interpreter at a tiny shape: every screened launch of
     the state scan, the output kernel and the Gram stage gives the rule configuration's results
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
-    value blocks of 16, 32, 64 at two to four stages; the Gram stage in 4 and 8 warps with ptxas'
+    value blocks of 16, 32, 64 at two to four stages, for the state scan alone and for the scan
+    forming the output (whose ``o`` is the two launches' exactly, timed beside them); the Gram stage in 4 and 8 warps with ptxas'
     register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one
     program or in two, with probes and without (``d`` in the first pass and in a second). With
     ``--output-only`` (scalar gates) neither a state-scan nor a Gram row, with ``--gram-only`` Gram
@@ -416,8 +417,10 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     if mode == "--gram-only":
         assert {r["kernel"] for r in rows} == {"qed_scalar_gram_kernel"}
     if mode == "--head-gates":
-        state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == "qed_state_kernel (decay per row)"}
-        assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
+        for kernel in ("qed_state_kernel (decay per row)", "qed_state_kernel forming o"):
+            state = {(r["BV"], r["stages"]) for r in rows if r["kernel"] == kernel}
+            assert state >= {(bv, s) for bv in (16, 32, 64) for s in (2, 3, 4)}
+        assert any(r["kernel"] == "state scan + scalar output kernel (rules)" and r["ms"] > 0 for r in rows)
         assert {r.get("probes") for r in rows if r["kernel"] == "qed_scalar_output_kernel"} == {False, True}
 
 
