@@ -37,6 +37,17 @@ from .chunk_intra import raw_direction, row_lam
 
 
 @triton.jit
+def _row_decay_products(b_x, b_k, b_h, b_r, G_x, G_k, keep, PREC: tl.constexpr):
+    """``e^{G_x} X S0 + (X K^T * Dec) R`` ``[rows of X, BV]`` with a decay per row (the scalar-gate
+    path): ``Dec[t, j] = e^{G_x,t - G_k,j}`` where ``keep`` (the causal mask), else 0; ``S0``
+    (``b_h``), ``R`` and ``X K^T * Dec`` rounded to the dtype of ``X, K`` for their products."""
+    dec = exp(tl.where(keep, G_x[:, None] - G_k[None, :], 0.))
+    b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(b_x.dtype)
+    return (tl.dot(b_x, b_h.to(b_x.dtype), input_precision=PREC) * exp(G_x)[:, None]
+            + tl.dot(b_a, b_r.to(b_x.dtype), input_precision=PREC))
+
+
+@triton.jit
 def _chunk_output(S, b_r, b_kg, b_G, q, rq, o, scale, rows, m_t, m_tk, m_tv, o_t, o_k, o_v, i_h,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr,
                   DT: tl.constexpr):
@@ -45,11 +56,7 @@ def _chunk_output(S, b_r, b_kg, b_G, q, rq, o, scale, rows, m_t, m_tk, m_tv, o_t
     kernel's ``SD = "off"`` launch forms them from the stored ``hs, R`` (``q`` the query/key head's
     queries as the scan's keys ``b_kg``: normalised, or raw with their reciprocal norms ``rq``)."""
     b_q = tl.load(q + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.).to(b_kg.dtype)
-    keep = o_t[:, None] >= o_t[None, :]
-    dec = exp(tl.where(keep, b_G[:, None] - b_G[None, :], 0.))
-    b_a = tl.where(keep, tl.dot(b_q, tl.trans(b_kg), input_precision=PREC) * dec, 0.).to(b_kg.dtype)
-    b_o = (tl.dot(b_q, S.to(b_kg.dtype), input_precision=PREC) * exp(b_G)[:, None]
-           + tl.dot(b_a, b_r.to(b_kg.dtype), input_precision=PREC))
+    b_o = _row_decay_products(b_q, b_kg, S, b_r, b_G, b_G, o_t[:, None] >= o_t[None, :], PREC)
     if rq is not None:
         b_o = b_o * (row_factors(rq, rows, m_t, H, i_h, DT) * scale)[:, None]
     else:
@@ -475,9 +482,7 @@ def qed_scalar_output_kernel(
         r_x = row_factors(rq, o_t, m_t, H, r0 * H + i_h, DT) if FOLD_NORMS else None
         G_s = b_G
         keep = o_t[:, None] >= o_t[None, :]
-    dec = exp(tl.where(keep, G_s[:, None] - b_G[None, :], 0.))
-    b_a = tl.where(keep, tl.dot(b_x, tl.trans(b_k), input_precision=PREC) * dec, 0.).to(b_r.dtype)
-    b_o = tl.dot(b_x, b_h, input_precision=PREC) * exp(G_s)[:, None] + tl.dot(b_a, b_r, input_precision=PREC)
+    b_o = _row_decay_products(b_x, b_k, b_h, b_r, G_s, b_G, keep, PREC)
     p_o = (r0 + t_s)[:, None] * (HV * V) + i_hv * V + o_v[None, :]
     m_o = m_s[:, None] & m_v[None, :]
     if SD != "patch":
