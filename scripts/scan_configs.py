@@ -141,11 +141,15 @@ def head_gate_rows(a, dev) -> list[dict]:
         return lambda: scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale,
                                          sd=sd if probes else None, config=cfg)
 
+    def in_scan(cfg):
+        return lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=gram.qk_rows(x)[1], gl=None, gc=gram.gc, hs=None,
+                                       q=gram.qk_rows(x)[0], rq=gram.rq, o=o, scale=P.scale, T=P.T, N=P.N, config=cfg)
+
     rule = state_config(P.K, P.V, inter, scans=P.N * P.HV, sm_count=multiprocessors(q.device), row_decay=True)
     rows = state_rows("qed_state_kernel (decay per row)", state,
                       [] if a.output_only else list(dict.fromkeys(ROW_DECAY_STATE_CONFIGS + [rule])), rule, hs, r, P)
     if not a.output_only:
-        rows += scan_output_rows(lay, x, gram, wy, v, w, hs, r, o, P, rule)
+        rows += scan_output_rows(in_scan, lambda: (state(rule)(), output(None, False)()), rule, o, P)
     fla = None if a.output_only else fla_state_scan(x, gram, wy)
     if fla is not None:
         rows.append(dict(kernel="fla chunk_gated_delta_rule_fwd_h", ms=round(timed(fla), 4)))
@@ -169,21 +173,13 @@ def head_gate_rows(a, dev) -> list[dict]:
     return rows
 
 
-def scan_output_rows(lay, x, gram, wy, v, w, hs, r, o, P, rule) -> list[dict]:
-    """The scalar-gate scan forming the output itself (``chunk_state_fwd`` with ``o``, no ``hs, R``)
-    under each of :data:`ROW_DECAY_STATE_CONFIGS` and the state scan's ``rule``, each ``o`` compared
-    with the two-launch path's (the state scan at ``rule`` writing ``hs, r``, then the output
-    kernel at its rule, probes off), which is timed as one row too: where the scan forming ``o``
-    beats that row, ``chunk_scan.scan_forms_output`` may take it."""
-    q, k = gram.qk_rows(x)
-
-    def staged():
-        chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=hs, r=r, T=P.T, N=P.N, config=rule)
-        scalar_output_fwd(lay, x, gram, v=v, w=w, hs=hs, r=r, o=o, scale=P.scale)
-
-    def in_scan(cfg):
-        return lambda: chunk_state_fwd(lay, w=wy.w, u=wy.u, kg=k, gl=None, gc=gram.gc, hs=None, q=q, rq=gram.rq, o=o,
-                                       scale=P.scale, T=P.T, N=P.N, config=cfg)
+def scan_output_rows(in_scan, staged, rule, o, P) -> list[dict]:
+    """The scalar-gate scan forming the output itself (``in_scan(cfg)`` launches ``chunk_state_fwd``
+    with ``o``, no ``hs, R``) under each of :data:`ROW_DECAY_STATE_CONFIGS` and the state scan's
+    ``rule``, each ``o`` compared with the two-launch path's (``staged()``: the state scan at
+    ``rule`` writing ``hs, r``, then the output kernel at its rule, probes off), which is timed as
+    one row too: where the scan forming ``o`` beats that row, ``chunk_scan.scan_forms_output`` may
+    take it. ``staged()`` runs last again, leaving ``hs, r`` as the rule writes them."""
     staged()
     ref = o.clone()
     rows = [dict(kernel="state scan + scalar output kernel (rules)", ms=round(timed(staged), 4))]
