@@ -46,6 +46,29 @@ def options(arm, seed, device=DEVICE):
                 output_final_state=True, return_probes=True)
 
 
+def recorded_grams(monkeypatch) -> list:
+    """The ``(gram, akk)`` of each Gram stage ``qed_chunk`` launches from here on, in order."""
+    made = []
+
+    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
+        made.append(gram_fwd(*a, **k))
+        return made[-1]
+    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    return made
+
+
+def recorded_scans(monkeypatch) -> list:
+    """For each state scan ``qed_chunk`` launches from here on, in order: ``(o, hs)``, whether it
+    forms the output itself and whether it stores the chunk-start states."""
+    scans = []
+
+    def spy(*a, scan=chunk_mod.chunk_state_fwd, **kw):
+        scans.append((kw.get("o") is not None, kw["hs"] is not None))
+        return scan(*a, **kw)
+    monkeypatch.setattr(chunk_mod, "chunk_state_fwd", spy)
+    return scans
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("arm", ARMS)
 def test_pytorch_ops(arm, form):
@@ -155,13 +178,8 @@ def test_scalar_gate_norms_folded_or_stored(heads, fold, monkeypatch):
     assert scalar_gram.folds_norms(16, 16, writes_d=False)
     assert not scalar_gram.folds_norms(16, 16, writes_d=True)
     assert not scalar_gram.folds_norms(16, 32, writes_d=False)
-    made = []
-
-    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
-        made.append(gram_fwd(*a, **k))
-        return made[-1]
     monkeypatch.setattr(scalar_gram, "folds_norms", lambda *a, **k: fold)
-    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    made = recorded_grams(monkeypatch)
     H_, HV_ = heads
     x = grouped_inputs(B=2, T=45, H=H_, HV=HV_, K=24, V=8, seed=43, lam_token=True)
     x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
@@ -184,12 +202,7 @@ def test_scalar_gate_sd_patched_where_the_residual_form_divides_by_zero(layout, 
     probe matches float64 qed_naive (``Sd`` = 0 on those rows), the unflagged chunks' ``Sd`` from
     the residual form included. Grouped heads, per-head gates, both states."""
     assert chunk_scan.sd_form({"DIR_SOURCE": "q", "DIR_GATED": True, "DIR_PROJECTED": True}) == "residual"
-    made = []
-
-    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
-        made.append(gram_fwd(*a, **k))
-        return made[-1]
-    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    made = recorded_grams(monkeypatch)
     B_ = 2 if layout == "two sequences" else 1
     x = grouped_inputs(B=B_, T=150, H=2, HV=4, K=16, V=8, seed=51)
     x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
@@ -220,13 +233,8 @@ def test_scalar_gate_output_in_the_scan_unless_sd_is_asked_for(heads, probes, mo
     stores them for the output stage. Either way ``o``, the final state and the probes asked for
     match float64 qed_naive: the norms folded (one value head per q/k head) or stored (grouped),
     packed sequences, both states, per-token lambda."""
-    scans = []
     monkeypatch.setattr(chunk_mod, "scan_forms_output", lambda *a, **k: True)
-
-    def spy(*a, scan=chunk_mod.chunk_state_fwd, **kw):
-        scans.append((kw.get("o") is not None, kw["hs"] is not None))
-        return scan(*a, **kw)
-    monkeypatch.setattr(chunk_mod, "chunk_state_fwd", spy)
+    scans = recorded_scans(monkeypatch)
     H_, HV_ = heads
     x = grouped_inputs(B=1, T=150, H=H_, HV=HV_, K=24, V=16, seed=61, lam_token=True)
     x["g"], x["b"], x["w"] = (x[n][..., 0] for n in ("g", "b", "w"))
@@ -511,12 +519,7 @@ def test_gpu_patch_launch_against_naive(monkeypatch):
     0.4 elsewhere), float32, T = 1000, grouped value heads: the Gram stage flags exactly chunk 2 of
     every value head, the patch launch forms its ``Sd`` from the direction rows (0 on those rows),
     and everything matches float64 qed_naive."""
-    made = []
-
-    def kept(*a, gram_fwd=scalar_gram.scalar_gram_fwd, **k):
-        made.append(gram_fwd(*a, **k))
-        return made[-1]
-    monkeypatch.setattr(chunk_mod, "scalar_gram_fwd", kept)
+    made = recorded_grams(monkeypatch)
     x = _fla_case("gdn", 1000, torch.float32, seed=9)
     x["q"], x["k"] = (t / t.norm(dim=-1, keepdim=True) for t in (x["q"], x["k"]))
     x["q"][:, 130:140] = x["k"][:, 130:140]
@@ -554,16 +557,11 @@ def test_gpu_output_formed_in_the_scan_at_its_launch(grouped, monkeypatch):
     lam = torch.full((4,), 0.1, device="cuda")
     ref = qed_naive(*(t.double() for t in inputs), lam.double(), output_final_state=True)
     staged = qed_chunk(*inputs, lam, output_final_state=True, return_probes=("Sd",))
-    launches = []
-
-    def scan(*a, fwd=chunk_scan.chunk_state_fwd, **kw):
-        launches.append(kw.get("o") is not None)
-        return fwd(*a, **kw)
     monkeypatch.setattr(chunk_mod, "scan_forms_output", lambda *a, **k: True)
-    monkeypatch.setattr(chunk_mod, "chunk_state_fwd", scan)
+    scans = recorded_scans(monkeypatch)
     monkeypatch.setattr(chunk_scan, "state_config", lambda *a, **k: (64, 4, 3))
     o, s, _ = qed_chunk(*inputs, lam, output_final_state=True)
-    assert launches == [True]
+    assert scans == [(True, False)]
     assert rel_err(o, staged[0]) < 1e-2 and rel_err(s, staged[1]) < 1e-2
     assert_close("o", o, ref[0], 2e-2)
     assert_close("final state", s, ref[1], 2e-2)
