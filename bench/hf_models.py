@@ -249,6 +249,8 @@ DECODER_LENGTHS = (32768, 131072)
 DECODER_VALUE_HEADS = (16, 32)
 """Value heads of the Qwen3.5-shaped models (0.8B's 16; 4B / 9B's 32), ``--value-heads``."""
 GENERATE = dict(B=8, T=8192, steps=16)
+DECODE_ROUNDS = 8
+"""Alternating rounds of the decode variants per model, by default (``--rounds``)."""
 
 
 def qwen35_config(HV: int, small: bool):
@@ -383,7 +385,7 @@ DECODE_VARIANTS = {"native": native, "adapted, nothing hooked": adapted_unhooked
 that variant (adapted with that op mode)."""
 
 
-def interleaved_decode(model, measure, rounds: int = 8, op_mode: str = "auto", unit: str = "ms") -> dict[str, list]:
+def interleaved_decode(model, measure, rounds: int = DECODE_ROUNDS, op_mode: str = "auto", unit: str = "ms") -> dict[str, list]:
     """``{variant: [median of measure() in each round]}`` (``measure()``: a list of step times in
     ``unit``) inside each of :data:`DECODE_VARIANTS` of ``model`` (adapted with ``op_mode``), in
     turn in each of ``rounds`` rounds (after one round of warm-up, not returned): the host's
@@ -481,7 +483,7 @@ def generate_shape(HV: int, small: bool) -> str:
     return f"B{B} T{Tg} HV{HV} decode"
 
 
-def generate_rounds(model, small: bool, rounds: int = 8) -> dict[str, list]:
+def generate_rounds(model, small: bool, rounds: int = DECODE_ROUNDS) -> dict[str, list]:
     """:func:`interleaved_decode`'s medians of ``rounds`` rounds of the steps inside ``generate`` on
     a batch of random prompts (:func:`generate_batch`)."""
     B, Tg = generate_batch(small)
@@ -538,7 +540,7 @@ def decoder_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALU
     each_model("decoder", value_heads, left, 120, lambda HV: decoder_shape(rows, HV, small, left))
 
 
-def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS, rounds: int = 8):
+def generate_rows(rows: Rows, left, small: bool = False, value_heads=DECODER_VALUE_HEADS, rounds: int = DECODE_ROUNDS):
     """The ``decoder`` section's decode-step rows alone (no prefill rows), ``rounds`` rounds a
     model (:func:`interleaved_decode`). A value-head count
     named more than once (``16,32,32,16``: each model built twice, the second time in the opposite
@@ -572,7 +574,7 @@ def main() -> int:
     ap.add_argument("--value-heads", default=",".join(map(str, DECODER_VALUE_HEADS)),
                     help="comma-separated value-head counts of the parts rows and the decoder, generate and "
                          "decode_parts models")
-    ap.add_argument("--rounds", type=int, default=8,
+    ap.add_argument("--rounds", type=int, default=DECODE_ROUNDS,
                     help="alternating rounds of the generate section's variants per model (at least 1)")
     ap.add_argument("--op-shapes", default=",".join(f"{b}x{t}" for b, t in OP_SHAPES),
                     help="comma-separated BxT token shapes of the op, kda and parts rows")
