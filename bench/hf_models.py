@@ -385,7 +385,8 @@ DECODE_VARIANTS = {"native": native, "adapted, nothing hooked": adapted_unhooked
 that variant (adapted with that op mode)."""
 
 
-def interleaved_decode(model, measure, rounds: int = DECODE_ROUNDS, op_mode: str = "auto", unit: str = "ms") -> dict[str, list]:
+def interleaved_decode(model, measure, rounds: int = DECODE_ROUNDS, op_mode: str = "auto",
+                       unit: str = "ms") -> dict[str, list]:
     """``{variant: [median of measure() in each round]}`` (``measure()``: a list of step times in
     ``unit``) inside each of :data:`DECODE_VARIANTS` of ``model`` (adapted with ``op_mode``), in
     turn in each of ``rounds`` rounds (after one round of warm-up, not returned): the host's

@@ -19,10 +19,11 @@ matches becomes the rule.
 row (value blocks of 16, 32 and 64, two to four stages; :data:`ROW_DECAY_STATE_CONFIGS`) beside fla's
 ``chunk_gated_delta_rule_fwd_h`` on the same ``w``, ``u``, keys and cumulative decay where fla is
 installed, the same scan forming the output itself under those configurations against the state
-scan and the output kernel together (``chunk_scan.scan_forms_output``'s choice), its output kernel with the probe ``Sd`` (arm full: its residual form, and the patch
-launch, which with these inputs forms no chunk again) and without (:data:`SCALAR_OUTPUT_CONFIGS`)
-and, unless one of the two is screened alone, its Gram stage with probes off and on
-(:data:`GRAM_CONFIGS`; ``--gram-only``: that alone).
+scan and the output kernel together (``chunk_scan.scan_forms_output``'s choice), its output
+kernel with the probe ``Sd`` (arm full: its residual form, and the patch launch, which with these
+inputs forms no chunk again) and without (:data:`SCALAR_OUTPUT_CONFIGS`) and, unless one of the
+two is screened alone, its Gram stage with probes off and on (:data:`GRAM_CONFIGS`;
+``--gram-only``: that alone).
 
 Needs CUDA (with ``TRITON_INTERPRET=1`` and small sizes it runs on CPU, times meaningless).
 Prints one line per configuration; ``--json`` writes the rows.

@@ -390,9 +390,10 @@ def test_launch_screen_rows_agree_with_the_rule(tmp_path, mode):
     the state scan, the output kernel and the Gram stage gives the rule configuration's results
     exactly, each kernel (and probe setting) has its rule row, and the scalar-gate screen covers
     value blocks of 16, 32, 64 at two to four stages, for the state scan alone and for the scan
-    forming the output (whose ``o`` is the two launches' exactly, timed beside them); the Gram stage in 4 and 8 warps with ptxas'
-    register count and capped at 128 and 168 and in 16 warps, a group of two value heads in one
-    program or in two, with probes and without (``d`` in the first pass and in a second). With
+    forming the output (whose ``o`` is the two launches' exactly, timed beside them); the Gram
+    stage in 4 and 8 warps with ptxas' register count and capped at 128 and 168 and in 16 warps, a
+    group of two value heads in one program or in two, with probes and without (``d`` in the first
+    pass and in a second). With
     ``--output-only`` (scalar gates) neither a state-scan nor a Gram row, with ``--gram-only`` Gram
     rows alone."""
     out = tmp_path / "screen.json"
